@@ -1,0 +1,169 @@
+"""Model configuration: every size that makes the graph static lives here.
+
+Field names follow torchvision's ``MaskRCNN`` keyword arguments (``rpn_pre_nms_top_n_test``,
+``box_detections_per_img``, ...) so a reader can cross-check the two. The fields that have no
+torchvision counterpart are the static sizes: ``canvases`` (the padded input buckets),
+``box_pre_nms_top_n`` (candidates kept before per-class NMS), ``nms_iterations`` (work done by the
+pure-tensor NMS), ``max_gt_instances`` and ``gt_mask_size`` (padded ground truth).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples of size_divisible
+
+
+def _default_canvases(min_size: int, max_size: int, divisible: int, mid: int) -> tuple[Canvas, ...]:
+    """Square, a middle bucket for the common 3:4 photo, and the widest each way.
+
+    torchvision resizes the short side to ``min_size`` unless the long side would pass
+    ``max_size``. Buckets that fit the common cases tightly keep padding (wasted work) small,
+    while staying few, because every bucket costs one compilation on XLA.
+    """
+
+    def up(x: int) -> int:
+        return -(-x // divisible) * divisible
+
+    short, long_ = up(min_size), up(max_size)
+    mid = up(mid)
+    return ((short, short), (short, mid), (short, long_), (mid, short), (long_, short))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Static Mask R-CNN configuration. Build presets with :func:`get_config`."""
+
+    name: str = "coco_r50_fpn"
+
+    # Backbone: torchvision ResNet + FPN, so torchvision weights load unchanged.
+    backbone_depth: int = 50  # 18, 34, 50 or 101
+    fpn_channels: int = 256
+    trainable_backbone_layers: int = 3
+    num_classes: int = 91  # including background; COCO uses category ids as labels
+
+    # Transform (torchvision's GeneralizedRCNNTransform, evaluation path).
+    min_size: int = 800
+    max_size: int = 1333
+    image_mean: tuple[float, float, float] = (0.485, 0.456, 0.406)
+    image_std: tuple[float, float, float] = (0.229, 0.224, 0.225)
+    size_divisible: int = 32
+    # Padded input buckets (H, W). An image batch goes to the smallest bucket holding all of it.
+    canvases: tuple[Canvas, ...] = field(default_factory=lambda: _default_canvases(800, 1333, 32, 1067))
+
+    # Anchors.
+    anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one size per FPN level
+    aspect_ratios: tuple[float, ...] = (0.5, 1.0, 2.0)
+
+    # RPN.
+    rpn_pre_nms_top_n_train: int = 2000  # per level
+    rpn_pre_nms_top_n_test: int = 1000
+    rpn_post_nms_top_n_train: int = 2000  # per image: the static proposal count
+    rpn_post_nms_top_n_test: int = 1000
+    rpn_nms_thresh: float = 0.7
+    rpn_fg_iou_thresh: float = 0.7
+    rpn_bg_iou_thresh: float = 0.3
+    rpn_batch_size_per_image: int = 256
+    rpn_positive_fraction: float = 0.5
+    rpn_score_thresh: float = 0.0
+
+    # RoI heads.
+    representation_size: int = 1024
+    box_score_thresh: float = 0.05
+    box_nms_thresh: float = 0.5
+    box_detections_per_img: int = 100  # K, the static detection count
+    box_pre_nms_top_n: int = 1000  # candidates (box, class) entering per-class NMS
+    box_fg_iou_thresh: float = 0.5
+    box_bg_iou_thresh: float = 0.5
+    box_batch_size_per_image: int = 512
+    box_positive_fraction: float = 0.25
+    bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
+
+    # Mask branch.
+    mask_layers: tuple[int, ...] = (256, 256, 256, 256)
+    mask_dilation: int = 1
+    mask_dim_reduced: int = 256
+    mask_roi_size: int = 14  # RoIAlign output; the predictor upsamples to 2x this
+
+    # Ground truth padding (training and evaluation of padded batches).
+    max_gt_instances: int = 100
+    gt_mask_size: int = 112  # GT masks are cropped to their boxes at this resolution
+
+    # Kernels. "auto": torchvision's kernels on cpu/cuda, pure tensor ops elsewhere (XLA).
+    ops_impl: str = "auto"
+    nms_iterations: int = 16  # fixed-point steps of the pure-tensor NMS
+
+    @property
+    def mask_size(self) -> int:
+        """M, the side of the mask probabilities in ``Detections.masks``."""
+        return 2 * self.mask_roi_size
+
+    @property
+    def num_anchors_per_location(self) -> int:
+        return len(self.aspect_ratios)
+
+    def replace(self, **changes) -> Config:
+        return dataclasses.replace(self, **changes)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.backbone_depth not in (18, 34, 50, 101):
+            problems.append(f"backbone_depth must be 18, 34, 50 or 101, got {self.backbone_depth}")
+        if self.ops_impl not in ("auto", "torchvision", "tensor"):
+            problems.append(f"ops_impl must be 'auto', 'torchvision' or 'tensor', got {self.ops_impl!r}")
+        if not self.canvases:
+            problems.append("canvases must name at least one (height, width) bucket")
+        for canvas in self.canvases:
+            if len(canvas) != 2 or any(int(s) <= 0 or int(s) % self.size_divisible for s in canvas):
+                problems.append(
+                    f"canvas {canvas} must be two positive sizes divisible by {self.size_divisible}"
+                )
+        if len(self.anchor_sizes) != 5:
+            problems.append("anchor_sizes needs one size per FPN level (5: P2..P6)")
+        if self.num_classes < 2:
+            problems.append("num_classes counts the background and must be at least 2")
+        if self.box_pre_nms_top_n < self.box_detections_per_img:
+            problems.append("box_pre_nms_top_n must be at least box_detections_per_img")
+        if problems:
+            raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
+
+
+def _tiny() -> Config:
+    """ResNet-18 FPN with narrow heads on 320-px images: CPU tests and minutes-long training."""
+    return Config(
+        name="tiny",
+        backbone_depth=18,
+        fpn_channels=64,
+        trainable_backbone_layers=5,
+        num_classes=7,  # background + the synthetic data set's 6 shape classes
+        min_size=320,
+        max_size=512,
+        canvases=_default_canvases(320, 512, 32, 427),
+        anchor_sizes=(16, 32, 64, 128, 256),
+        rpn_pre_nms_top_n_train=1000,
+        rpn_pre_nms_top_n_test=500,
+        rpn_post_nms_top_n_train=500,
+        rpn_post_nms_top_n_test=300,
+        representation_size=256,
+        box_batch_size_per_image=128,
+        box_pre_nms_top_n=500,
+        mask_layers=(64, 64),
+        mask_dim_reduced=64,
+        max_gt_instances=32,
+        gt_mask_size=56,
+    )
+
+
+PRESETS = {"coco_r50_fpn": Config, "tiny": _tiny}
+
+
+def get_config(name: str = "coco_r50_fpn", **overrides) -> Config:
+    """Return preset ``name`` with ``overrides`` applied (any :class:`Config` field)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+    cfg = PRESETS[name]()
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise ValueError(f"unknown config field(s) {sorted(unknown)} for preset {name!r}")
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,37 @@
+"""Mask branch: fixed K RoIs per image in, [B, K, M, M] mask probabilities out.
+
+The modules are torchvision's MaskRCNNHeads and MaskRCNNPredictor (weight-compatible names);
+what changes is that the RoIs are always the K detection slots, valid or not.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
+
+from mrcnn.config import Config
+from mrcnn.ops import multilevel_roi_align, resolve_impl
+
+
+def build_mask_modules(cfg: Config) -> tuple[nn.Module, nn.Module]:
+    head = MaskRCNNHeads(cfg.fpn_channels, list(cfg.mask_layers), cfg.mask_dilation)
+    predictor = MaskRCNNPredictor(cfg.mask_layers[-1], cfg.mask_dim_reduced, cfg.num_classes)
+    return head, predictor
+
+
+def mask_logits(
+    cfg: Config, head: nn.Module, predictor: nn.Module, features: list[Tensor], boxes: Tensor
+) -> Tensor:
+    """features: P2..P5 [B, C, H_l, W_l]; boxes [B, R, 4] -> logits [B, R, num_classes, M, M]."""
+    b, r = boxes.shape[:2]
+    pooled = multilevel_roi_align(
+        features, boxes, cfg.mask_roi_size, sampling_ratio=2, impl=resolve_impl(cfg.ops_impl, boxes.device)
+    )  # [B, R, C, S, S]
+    logits = predictor(head(pooled.flatten(0, 1)))
+    return logits.view(b, r, *logits.shape[1:])
+
+
+def mask_probabilities(logits: Tensor, labels: Tensor) -> Tensor:
+    """logits [B, K, num_classes, M, M], labels [B, K] -> sigmoid of each RoI's class map [B, K, M, M]."""
+    index = labels[:, :, None, None, None].expand(-1, -1, 1, *logits.shape[-2:])
+    return logits.gather(2, index)[:, :, 0].sigmoid()

@@ -1,0 +1,58 @@
+"""Static-shape Mask R-CNN: the whole inference pipeline with shapes fixed by the config.
+
+    ImageBatch [B, 3, H, W] -> backbone + FPN -> RPN (P proposals) -> RoI heads (K detections)
+    -> mask branch (K masks) -> Detections [B, K, ...]
+
+``predict`` wraps it for a list of images: transform (host) -> forward -> postprocess (host).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mrcnn.backbone import build_backbone
+from mrcnn.config import Config, get_config
+from mrcnn.postprocess import postprocess
+from mrcnn.roi_heads import RoIHeads
+from mrcnn.rpn import RegionProposalNetwork
+from mrcnn.structures import Detections, ImageBatch
+from mrcnn.transform import group_by_canvas, to_image_batch
+
+
+class MaskRCNN(nn.Module):
+    """Mask R-CNN whose submodule names match torchvision's, so its state_dict loads strictly."""
+
+    def __init__(self, cfg: Config | str = "coco_r50_fpn") -> None:
+        super().__init__()
+        self.cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+        self.backbone = build_backbone(self.cfg)
+        self.rpn = RegionProposalNetwork(self.cfg)
+        self.roi_heads = RoIHeads(self.cfg)
+
+    def forward(self, batch: ImageBatch) -> Detections:
+        """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image."""
+        canvas = (batch.tensors.shape[-2], batch.tensors.shape[-1])
+        features = list(self.backbone(batch.tensors).values())  # P2..P6
+        proposals = self.rpn(features, batch.image_sizes, canvas)
+        det = self.roi_heads(features[:4], proposals, batch.image_sizes)  # RoIAlign reads P2..P5
+        # Explicit constructor: dynamo cannot trace NamedTuple._replace of a new instance.
+        return Detections(det.boxes, det.scores, det.labels, det.masks, det.valid & batch.valid[:, None])
+
+    @torch.no_grad()
+    def predict(self, images: list[Tensor], batch_size: int | None = None) -> list[dict[str, Tensor]]:
+        """torchvision-style inference: list of [3, h, w] images -> list of dicts in image coordinates.
+
+        Images are grouped by canvas bucket (one forward per bucket, so a portrait and a landscape
+        image each get their tight canvas); ``batch_size`` pads each group's batch to that size.
+        """
+        device = next(self.parameters()).device
+        groups = group_by_canvas(images, self.cfg)
+        results: list[dict[str, Tensor]] = [{} for _ in images]
+        for indices in groups.values():
+            # Resize on the host: on XLA, resizing each original size on the device would compile anew.
+            batch = to_image_batch([images[i].cpu() for i in indices], self.cfg, batch_size)
+            batch = ImageBatch(*(t.to(device) for t in batch))
+            for i, result in zip(indices, postprocess(self(batch), batch)):
+                results[i] = result
+        return results

@@ -1,0 +1,125 @@
+"""Weights: torchvision checkpoints in, and deterministic non-trivial weights for tests and benches.
+
+The static model keeps torchvision's module names, so a torchvision ``maskrcnn_resnet50_fpn``
+state_dict loads with ``strict=True`` through :func:`load_torchvision_weights`; nothing anywhere
+renames keys by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import FrozenBatchNorm2d
+
+from mrcnn.config import Config, get_config
+
+
+def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | str | os.PathLike) -> nn.Module:
+    """Load a torchvision Mask R-CNN state_dict (or a path to one) into ``model``, strictly.
+
+    Raises ``ValueError`` naming the missing and unexpected keys when the checkpoint does not
+    match the model's architecture (for example a v2 checkpoint into a v1 config).
+    """
+    if isinstance(weights, (str, os.PathLike)):
+        if not os.path.isfile(weights):
+            raise ValueError(f"weights file not found: {weights}")
+        weights = torch.load(weights, map_location="cpu", weights_only=True)
+        if isinstance(weights, Mapping) and "model" in weights and isinstance(weights["model"], Mapping):
+            weights = weights["model"]  # torchvision reference-script checkpoints
+    own = model.state_dict()
+    # torchvision's FrozenBatchNorm2d drops BatchNorm's step counter when loading; so do we. It is
+    # present when the checkpoint came from a model trained with ordinary BatchNorm.
+    weights = {k: v for k, v in weights.items() if k in own or not k.endswith(".num_batches_tracked")}
+    missing = sorted(set(own) - set(weights))
+    unexpected = sorted(set(weights) - set(own))
+    shapes = [k for k in set(own) & set(weights) if own[k].shape != weights[k].shape]
+    if missing or unexpected or shapes:
+        def head(keys: list[str]) -> str:
+            return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
+
+        raise ValueError(
+            "checkpoint does not match the model: "
+            f"{len(missing)} missing [{head(missing)}], {len(unexpected)} unexpected [{head(unexpected)}], "
+            f"{len(shapes)} with other shapes [{head(sorted(shapes))}]"
+        )
+    model.load_state_dict(weights, strict=True)
+    return model
+
+
+def textured_images(sizes: tuple[tuple[int, int], ...], seed: int = 0) -> list[Tensor]:
+    """Deterministic [3, h, w] float images in [0, 1]: smooth colour fields plus noise.
+
+    Enough structure for the heads to disagree across RoIs; used for calibration, tests and benches.
+    """
+    g = torch.Generator().manual_seed(seed)
+    images = []
+    for h, w in sizes:
+        coarse = torch.rand(3, h // 16 + 1, w // 16 + 1, generator=g)
+        img = torch.nn.functional.interpolate(coarse[None], size=(h, w), mode="bilinear", align_corners=False)[0]
+        images.append((0.7 * img + 0.3 * torch.rand(3, h, w, generator=g)).clamp(0, 1))
+    return images
+
+
+@torch.no_grad()
+def synthetic_weights(cfg: Config | str = "coco_r50_fpn", seed: int = 0) -> dict[str, Tensor]:
+    """Deterministic, data-calibrated random weights that make Mask R-CNN produce real detections.
+
+    Plain random init gives near-constant objectness and near-uniform class scores (1/91 each,
+    below the 0.05 threshold), so nothing is detected and NMS has nothing to do. Here every frozen
+    batch-norm gets the statistics of its input on calibration images (so activations stay O(1)
+    through the ResNet), and each head's last layer is rescaled so its outputs spread: objectness
+    and class logits with standard deviation ~2.5, non-zero box deltas, and mask logits far from 0.
+    The result gives dozens of detections per image with distinct scores, which makes parity
+    against torchvision a real test. Returns a torchvision-compatible state_dict.
+    """
+    from mrcnn.reference import torchvision_model
+
+    cfg = get_config(cfg) if isinstance(cfg, str) else cfg
+    torch.manual_seed(seed)
+    model = torchvision_model(cfg).eval()
+    images = textured_images(((cfg.min_size, int(cfg.min_size * 1.3)), (cfg.min_size, cfg.min_size)), seed)
+
+    hooks = [m.register_forward_pre_hook(_standardise_once) for m in model.modules() if isinstance(m, FrozenBatchNorm2d)]
+    stages = [  # (layer, target std of its output), in the order the data reaches them
+        (model.rpn.head.cls_logits, 2.5),
+        (model.rpn.head.bbox_pred, 0.1),
+        (model.roi_heads.box_predictor.cls_score, 2.5),
+        (model.roi_heads.box_predictor.bbox_pred, 1.0),
+        (model.roi_heads.mask_predictor.mask_fcn_logits, 4.0),
+    ]
+    for layer, target in stages:  # one pass per stage: each rescale changes what later stages see
+        seen: list[Tensor] = []
+        handle = layer.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out.detach()))
+        model(images)
+        handle.remove()
+        for h in hooks:
+            h.remove()
+        hooks = []
+        if seen:
+            _standardise_outputs(layer, torch.cat([o.transpose(0, 1).flatten(1) for o in seen], 1), target)
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _standardise_once(module: FrozenBatchNorm2d, inputs: tuple[Tensor, ...]) -> None:
+    """Forward pre-hook: set a frozen BN's statistics to those of its first input."""
+    x = inputs[0]
+    module.running_mean.copy_(x.mean(dim=(0, 2, 3)))
+    module.running_var.copy_(x.var(dim=(0, 2, 3)))
+    module.weight.fill_(1.0)
+    module.bias.zero_()
+
+
+def _standardise_outputs(layer: nn.Module, outputs: Tensor, target: float) -> None:
+    """Rescale a Linear/Conv layer so each output channel has mean 0 and std ``target``.
+
+    outputs: [C_out, N] what the layer produced on the calibration data. Centring per channel is
+    what makes the predicted class (and mask pixels) vary from RoI to RoI instead of one class
+    winning everywhere.
+    """
+    mean, std = outputs.mean(1), outputs.std(1).clamp(min=1e-6)
+    scale = target / std
+    layer.weight.mul_(scale.view(-1, *([1] * (layer.weight.dim() - 1))))
+    layer.bias.sub_(mean).mul_(scale)

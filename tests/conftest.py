@@ -1,0 +1,27 @@
+"""Shared fixtures. XLA runs on the CPU here; torch_xla reads PJRT_DEVICE when it is imported."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("PJRT_DEVICE", "CPU")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    from mrcnn.config import get_config
+
+    return get_config("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tiny_cfg):
+    """Non-trivial weights shared by every test that compares with torchvision (computed once)."""
+    from mrcnn.weights import synthetic_weights
+
+    return synthetic_weights(tiny_cfg, seed=0)

@@ -1,0 +1,41 @@
+"""torchvision checkpoints load strictly; mismatches give a clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.models.detection import maskrcnn_resnet50_fpn
+
+from mrcnn.config import get_config
+from mrcnn.model import MaskRCNN
+from mrcnn.reference import torchvision_model
+from mrcnn.weights import load_torchvision_weights
+
+
+def test_torchvision_maskrcnn_resnet50_fpn_loads_strictly(tmp_path):
+    tv = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None)
+    model = MaskRCNN("coco_r50_fpn")
+    # Untrained torchvision models use BatchNorm2d, whose step counters FrozenBatchNorm2d drops.
+    tv_keys = {k for k in tv.state_dict() if not k.endswith("num_batches_tracked")}
+    assert set(model.state_dict()) == tv_keys
+    load_torchvision_weights(model, tv.state_dict())
+    for key in tv_keys:
+        assert torch.equal(model.state_dict()[key], tv.state_dict()[key]), key
+    # From a file, and from a reference-script checkpoint that nests the weights under "model".
+    torch.save({"model": tv.state_dict(), "epoch": 25}, tmp_path / "ckpt.pth")
+    load_torchvision_weights(MaskRCNN("coco_r50_fpn"), tmp_path / "ckpt.pth")
+
+
+def test_reference_builder_matches_coco_preset():
+    ours = {k: v.shape for k, v in torchvision_model("coco_r50_fpn").state_dict().items()}
+    tv = maskrcnn_resnet50_fpn(weights=None, weights_backbone=None).state_dict()
+    tv = {k: v.shape for k, v in tv.items() if not k.endswith("num_batches_tracked")}
+    assert ours == tv
+
+
+def test_mismatched_checkpoint_names_the_keys(tmp_path):
+    tiny = MaskRCNN(get_config("tiny"))
+    with pytest.raises(ValueError, match=r"missing .*unexpected|other shapes"):
+        load_torchvision_weights(tiny, maskrcnn_resnet50_fpn(weights=None, weights_backbone=None).state_dict())
+    with pytest.raises(ValueError, match="weights file not found"):
+        load_torchvision_weights(tiny, tmp_path / "nope.pth")
