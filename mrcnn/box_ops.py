@@ -51,3 +51,44 @@ def clip_boxes(boxes: Tensor, image_sizes: Tensor) -> Tensor:
 def large_enough(boxes: Tensor, min_size: float) -> Tensor:
     """[..., 4] -> [...] bool: both sides at least ``min_size`` (torchvision's remove_small_boxes)."""
     return ((boxes[..., 2] - boxes[..., 0]) >= min_size) & ((boxes[..., 3] - boxes[..., 1]) >= min_size)
+
+
+def box_iou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
+    """Pairwise IoU: [B, N, 4] x [B, M, 4] -> [B, N, M] (torchvision's ``box_iou``, batched).
+
+    The same operations in the same order as torchvision's ``_box_inter_union``, so IoU values,
+    and therefore matches and ties, agree bit for bit. Each coordinate is handled on its own rather
+    than as [..., 2] pairs, which halves the largest temporaries (the matrix is [B, G, anchors]).
+    """
+    area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
+    area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
+    a, b = boxes1[:, :, None], boxes2[:, None]
+    iw = (torch.minimum(a[..., 2], b[..., 2]) - torch.maximum(a[..., 0], b[..., 0])).clamp(min=0)
+    ih = (torch.minimum(a[..., 3], b[..., 3]) - torch.maximum(a[..., 1], b[..., 1])).clamp(min=0)
+    inter = iw * ih
+    union = area1[:, :, None] + area2[:, None, :] - inter
+    return inter / union
+
+
+def encode_boxes(targets: Tensor, reference: Tensor, weights: tuple[float, float, float, float]) -> Tensor:
+    """Regression targets of ``targets`` [..., 4] relative to ``reference`` [..., 4] -> [..., 4].
+
+    torchvision's ``BoxCoder.encode_single`` operation for operation (the inverse of
+    :func:`decode_boxes`).
+    """
+    wx, wy, ww, wh = weights
+    ex_widths = reference[..., 2] - reference[..., 0]
+    ex_heights = reference[..., 3] - reference[..., 1]
+    ex_ctr_x = reference[..., 0] + 0.5 * ex_widths
+    ex_ctr_y = reference[..., 1] + 0.5 * ex_heights
+
+    gt_widths = targets[..., 2] - targets[..., 0]
+    gt_heights = targets[..., 3] - targets[..., 1]
+    gt_ctr_x = targets[..., 0] + 0.5 * gt_widths
+    gt_ctr_y = targets[..., 1] + 0.5 * gt_heights
+
+    dx = wx * (gt_ctr_x - ex_ctr_x) / ex_widths
+    dy = wy * (gt_ctr_y - ex_ctr_y) / ex_heights
+    dw = ww * torch.log(gt_widths / ex_widths)
+    dh = wh * torch.log(gt_heights / ex_heights)
+    return torch.stack((dx, dy, dw, dh), -1)

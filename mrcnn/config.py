@@ -116,9 +116,7 @@ class Config:
             problems.append("canvases must name at least one (height, width) bucket")
         for canvas in self.canvases:
             if len(canvas) != 2 or any(int(s) <= 0 or int(s) % self.size_divisible for s in canvas):
-                problems.append(
-                    f"canvas {canvas} must be two positive sizes divisible by {self.size_divisible}"
-                )
+                problems.append(f"canvas {canvas} must be two positive sizes divisible by {self.size_divisible}")
         if len(self.anchor_sizes) != 5:
             problems.append("anchor_sizes needs one size per FPN level (5: P2..P6)")
         if self.num_classes < 2:

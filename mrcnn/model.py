@@ -1,9 +1,12 @@
-"""Static-shape Mask R-CNN: the whole inference pipeline with shapes fixed by the config.
+"""Static-shape Mask R-CNN: the whole pipeline with shapes fixed by the config.
 
     ImageBatch [B, 3, H, W] -> backbone + FPN -> RPN (P proposals) -> RoI heads (K detections)
     -> mask branch (K masks) -> Detections [B, K, ...]
 
-``predict`` wraps it for a list of images: transform (host) -> forward -> postprocess (host).
+In training mode, ``forward(batch, targets)`` returns torchvision's five losses instead; the
+proposals then go to the RoI heads' sampler rather than to detection.
+
+``predict`` wraps inference for a list of images: transform (host) -> forward -> postprocess (host).
 """
 
 from __future__ import annotations
@@ -13,10 +16,11 @@ from torch import Tensor, nn
 
 from mrcnn.backbone import build_backbone
 from mrcnn.config import Config, get_config
+from mrcnn.losses import check_targets
 from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
-from mrcnn.structures import Detections, ImageBatch
+from mrcnn.structures import Detections, ImageBatch, Targets
 from mrcnn.transform import group_by_canvas, to_image_batch
 
 
@@ -30,11 +34,31 @@ class MaskRCNN(nn.Module):
         self.rpn = RegionProposalNetwork(self.cfg)
         self.roi_heads = RoIHeads(self.cfg)
 
-    def forward(self, batch: ImageBatch) -> Detections:
-        """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image."""
+    def forward(self, batch: ImageBatch, targets: Targets | None = None) -> Detections | dict[str, Tensor]:
+        """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image.
+
+        Training mode needs ``targets`` (padded, canvas coordinates; see
+        :class:`~mrcnn.structures.Targets`) and returns torchvision's losses as scalars:
+        ``loss_objectness``, ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg``,
+        ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does.
+
+        Targets on the CPU are validated here (:func:`mrcnn.losses.check_targets`) unless the call
+        is being compiled; validate on the host before moving a batch to an accelerator.
+        """
         canvas = (batch.tensors.shape[-2], batch.tensors.shape[-1])
+        training = self.training
+        if training:
+            if targets is None:
+                raise ValueError("targets are required in training mode (call model.eval() for inference)")
+            if not torch.compiler.is_compiling():
+                check_targets(targets, self.cfg, batch)
         features = list(self.backbone(batch.tensors).values())  # P2..P6
-        proposals = self.rpn(features, batch.image_sizes, canvas)
+        if training:
+            proposals, losses = self.rpn(features, batch.image_sizes, canvas, targets, batch.valid)
+            # RoIAlign reads P2..P5.
+            losses.update(self.roi_heads.loss(features[:4], proposals, targets, canvas, batch.valid))
+            return losses
+        proposals, _ = self.rpn(features, batch.image_sizes, canvas)
         det = self.roi_heads(features[:4], proposals, batch.image_sizes)  # RoIAlign reads P2..P5
         # Explicit constructor: dynamo cannot trace NamedTuple._replace of a new instance.
         return Detections(det.boxes, det.scores, det.labels, det.masks, det.valid & batch.valid[:, None])

@@ -58,9 +58,11 @@ def match_detections(
             j = int(torch.where(candidates, iou[i], torch.full_like(iou[i], -1.0)).argmax())
             taken[j] = True
             pairs.append((i, j))
-    mask_ious = torch.tensor([_mask_iou(ref["masks"][i], other["masks"][j]) for i, j in pairs]) if (
-        "masks" in ref and "masks" in other
-    ) else torch.zeros(0)
+    mask_ious = (
+        torch.tensor([_mask_iou(ref["masks"][i], other["masks"][j]) for i, j in pairs])
+        if ("masks" in ref and "masks" in other)
+        else torch.zeros(0)
+    )
     return Parity(n_ref, n_other, len(pairs), mask_ious)
 
 

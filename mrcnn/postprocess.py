@@ -28,10 +28,14 @@ def postprocess(det: Detections, batch: ImageBatch, mask_threshold: float | None
         keep = det.valid[i]
         (rh, rw), (oh, ow) = image_sizes[i].tolist(), original_sizes[i].tolist()
         # Same arithmetic as torchvision's resize_boxes: per-axis float32 ratios.
-        ratio = torch.tensor([ow, oh, ow, oh], dtype=torch.float32) / torch.tensor([rw, rh, rw, rh], dtype=torch.float32)
+        ratio = torch.tensor([ow, oh, ow, oh], dtype=torch.float32) / torch.tensor(
+            [rw, rh, rw, rh], dtype=torch.float32
+        )
         boxes = det.boxes[i][keep].float() * ratio
         masks = paste_masks_in_image(det.masks[i][keep][:, None].float(), boxes, (oh, ow))
         if mask_threshold is not None:
             masks = (masks > mask_threshold).to(torch.uint8)
-        results.append({"boxes": boxes, "scores": det.scores[i][keep].float(), "labels": det.labels[i][keep], "masks": masks})
+        results.append(
+            {"boxes": boxes, "scores": det.scores[i][keep].float(), "labels": det.labels[i][keep], "masks": masks}
+        )
     return results

@@ -5,6 +5,13 @@ Here those become masks on a fixed candidate list: the ``box_pre_nms_top_n`` bes
 pairs go into per-class NMS with K outputs. Every box that survives torchvision's NMS and ranks in
 its top K is among those candidates as long as fewer than ``box_pre_nms_top_n`` candidates are
 needed to find K survivors, because NMS only looks at higher-scoring boxes of the same class.
+
+Training (:meth:`RoIHeads.loss`) follows torchvision's select_training_samples: the padded ground
+truth is appended to the P proposals, every candidate is matched (Matcher(fg, bg)), and exactly
+K = min(box_batch_size_per_image, P + G) candidates per image are sampled, positives first. The
+mask branch takes the first int(box_batch_size_per_image * box_positive_fraction) sampled slots
+(the positive quota, capped at K): they hold every sampled positive, and the loss counts only
+those.
 """
 
 from __future__ import annotations
@@ -14,11 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
 
-from mrcnn.box_ops import clip_boxes, decode_boxes, large_enough
+from mrcnn.box_ops import box_iou, clip_boxes, decode_boxes, encode_boxes, large_enough
 from mrcnn.config import Config
-from mrcnn.mask_head import build_mask_modules, mask_logits, mask_probabilities
+from mrcnn.losses import fastrcnn_losses, mask_format, mask_loss, mask_targets
+from mrcnn.mask_head import build_mask_modules, class_mask_logits, mask_logits, mask_probabilities, pooling_features
+from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
 from mrcnn.ops import multilevel_roi_align, nms_fixed, resolve_impl
-from mrcnn.structures import Detections, Proposals
+from mrcnn.structures import Detections, Proposals, Targets
 
 _BOX_ROI_SIZE = 7
 _MIN_DETECTION_SIZE = 1e-2  # torchvision's postprocess_detections remove_small_boxes
@@ -37,8 +46,9 @@ class RoIHeads(nn.Module):
     def box_logits(self, features: list[Tensor], boxes: Tensor) -> tuple[Tensor, Tensor]:
         """boxes [B, R, 4] -> class logits [B, R, num_classes], deltas [B, R, num_classes, 4]."""
         b, r = boxes.shape[:2]
+        impl = resolve_impl(self.cfg.ops_impl, boxes.device)
         pooled = multilevel_roi_align(
-            features, boxes, _BOX_ROI_SIZE, sampling_ratio=2, impl=resolve_impl(self.cfg.ops_impl, boxes.device)
+            pooling_features(features, impl), boxes, _BOX_ROI_SIZE, sampling_ratio=2, impl=impl
         )
         class_logits, deltas = self.box_predictor(self.box_head(pooled.flatten(0, 1)))
         return class_logits.view(b, r, -1), deltas.view(b, r, -1, 4)
@@ -52,7 +62,11 @@ class RoIHeads(nn.Module):
         labels = torch.arange(c, device=scores.device).expand(b, p, c)
 
         # Every (proposal, foreground class) pair is a candidate; filters become a valid mask.
-        boxes, scores, labels = boxes[:, :, 1:].reshape(b, -1, 4), scores[:, :, 1:].reshape(b, -1), labels[:, :, 1:].reshape(b, -1)
+        boxes, scores, labels = (
+            boxes[:, :, 1:].reshape(b, -1, 4),
+            scores[:, :, 1:].reshape(b, -1),
+            labels[:, :, 1:].reshape(b, -1),
+        )
         valid = (scores > cfg.box_score_thresh) & large_enough(boxes, _MIN_DETECTION_SIZE)
         valid &= proposals.valid[:, :, None].expand(b, p, c - 1).reshape(b, -1)
 
@@ -62,8 +76,14 @@ class RoIHeads(nn.Module):
         scores, labels, valid = scores.gather(1, top), labels.gather(1, top), valid.gather(1, top)
 
         keep, keep_valid = nms_fixed(
-            boxes, scores, valid, cfg.box_nms_thresh, cfg.box_detections_per_img, groups=labels,
-            impl=resolve_impl(cfg.ops_impl, boxes.device), iterations=cfg.nms_iterations,
+            boxes,
+            scores,
+            valid,
+            cfg.box_nms_thresh,
+            cfg.box_detections_per_img,
+            groups=labels,
+            impl=resolve_impl(cfg.ops_impl, boxes.device),
+            iterations=cfg.nms_iterations,
         )
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
         return Detections(
@@ -81,3 +101,59 @@ class RoIHeads(nn.Module):
         logits = mask_logits(self.cfg, self.mask_head, self.mask_predictor, features, det.boxes)
         masks = mask_probabilities(logits, det.labels) * det.valid[..., None, None]
         return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
+
+    def loss(
+        self,
+        features: list[Tensor],
+        proposals: Proposals,
+        targets: Targets,
+        canvas: tuple[int, int],
+        image_valid: Tensor | None = None,
+    ) -> dict[str, Tensor]:
+        """features: P2..P5; proposals [B, P]; padded targets -> the box and mask losses.
+
+        Returns ``loss_classifier``, ``loss_box_reg`` and ``loss_mask`` (scalars). ``image_valid``
+        [B] bool leaves the padding slots of an incomplete batch out of every loss.
+        """
+        cfg = self.cfg
+        dtype = proposals.boxes.dtype
+        gt_boxes = targets.boxes.to(dtype)
+        with torch.no_grad():
+            # torchvision appends the ground truth to the proposals; padded slots stay invalid.
+            boxes = torch.cat([proposals.boxes, gt_boxes], 1)  # [B, N = P + G, 4]
+            candidate = torch.cat([proposals.valid, targets.valid], 1)
+            if image_valid is not None:
+                candidate = candidate & image_valid[:, None]
+            matches = match(box_iou(gt_boxes, boxes), targets.valid, cfg.box_fg_iou_thresh, cfg.box_bg_iou_thresh)
+            gt_index = matches.clamp(min=0)
+            labels = targets.labels.gather(1, gt_index)
+            labels = torch.where(matches == BELOW_LOW_THRESHOLD, 0, labels)
+            labels = torch.where(matches == BETWEEN_THRESHOLDS, -1, labels)
+            labels = torch.where(candidate, labels, -1)  # padding is never sampled
+            samples = sample_balanced(labels, cfg.box_batch_size_per_image, cfg.box_positive_fraction)
+
+            idx = samples.index
+            # Padded slots get an empty box: whatever the padding held, the heads see finite input.
+            rois = torch.where(samples.valid[..., None], boxes.gather(1, idx[..., None].expand(-1, -1, 4)), 0.0)
+            roi_labels = torch.where(samples.positive, labels.gather(1, idx), 0)
+            roi_gt = gt_index.gather(1, idx)
+            matched = gt_boxes.gather(1, roi_gt[..., None].expand(-1, -1, 4))
+            regression = torch.where(
+                samples.positive[..., None], encode_boxes(matched, rois, cfg.bbox_reg_weights), 0.0
+            )
+
+        class_logits, deltas = self.box_logits(features, rois)
+        losses = fastrcnn_losses(class_logits, deltas, roi_labels, regression, samples)
+
+        # Positives fill the first slots, so the positive quota holds every sampled positive.
+        m = min(int(cfg.box_batch_size_per_image * cfg.box_positive_fraction), idx.shape[1])
+        if m == 0:  # static: a config without positives has no mask loss to learn
+            losses["loss_mask"] = class_logits.sum() * 0.0
+            return losses
+        mask_rois, weight, mask_labels = rois[:, :m], samples.positive[:, :m], roi_labels[:, :m]
+        with torch.no_grad():
+            cropped = mask_format(targets, cfg, canvas) == "cropped"
+            target = mask_targets(targets.masks, gt_boxes, roi_gt[:, :m], mask_rois, cfg.mask_size, cropped)
+        logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, mask_rois)
+        losses["loss_mask"] = mask_loss(class_mask_logits(logits, mask_labels), target, weight)
+        return losses

@@ -3,6 +3,10 @@
 torchvision keeps however many boxes survive its filters; here every filter becomes a mask:
 top-k per level (static k), decode, clip, small boxes marked invalid, per-level NMS with a fixed
 output size, then the best ``post_nms_top_n`` by objectness. Padded slots carry valid=False.
+
+Training adds torchvision's RPN losses: every anchor is matched to the padded ground truth
+(Matcher(fg, bg, allow_low_quality_matches=True)), and a fixed number of anchors per image is
+sampled (``rpn_batch_size_per_image``) with random keys plus top-k.
 """
 
 from __future__ import annotations
@@ -12,10 +16,12 @@ from torch import Tensor, nn
 from torchvision.models.detection.rpn import RPNHead
 
 from mrcnn.anchors import Anchors
-from mrcnn.box_ops import clip_boxes, decode_boxes, large_enough
+from mrcnn.box_ops import box_iou, clip_boxes, decode_boxes, large_enough
 from mrcnn.config import Config
+from mrcnn.losses import rpn_losses
+from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
 from mrcnn.ops import nms_fixed, resolve_impl
-from mrcnn.structures import Proposals
+from mrcnn.structures import Proposals, Targets
 
 _RPN_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 _MIN_PROPOSAL_SIZE = 1e-3  # torchvision's RegionProposalNetwork.min_size
@@ -39,15 +45,62 @@ class RegionProposalNetwork(nn.Module):
         self.anchors = Anchors(cfg)
         self.head = RPNHead(cfg.fpn_channels, cfg.num_anchors_per_location)
 
-    def forward(self, features: list[Tensor], image_sizes: Tensor, canvas: tuple[int, int]) -> Proposals:
-        """features: FPN levels [B, C, H_l, W_l]; image_sizes [B, 2] -> Proposals with P boxes per image."""
-        cfg = self.cfg
+    def forward(
+        self,
+        features: list[Tensor],
+        image_sizes: Tensor,
+        canvas: tuple[int, int],
+        targets: Targets | None = None,
+        image_valid: Tensor | None = None,
+    ) -> tuple[Proposals, dict[str, Tensor]]:
+        """features: FPN levels [B, C, H_l, W_l]; image_sizes [B, 2] -> (Proposals, losses).
+
+        With ``targets`` (training) the losses are ``loss_objectness`` and ``loss_rpn_box_reg``;
+        ``image_valid`` [B] bool leaves the padding slots of an incomplete batch out of them.
+        Without, the dict is empty.
+        """
         objectness_maps, delta_maps = self.head(features)
         feature_sizes = [tuple(f.shape[-2:]) for f in features]
         anchors = self.anchors(canvas, feature_sizes)  # [A_total, 4]
-        objectness = flatten_head_outputs(objectness_maps, 1)[..., 0].detach()  # [B, A_total]
-        deltas = flatten_head_outputs(delta_maps, 4).detach()  # [B, A_total, 4]
+        objectness = flatten_head_outputs(objectness_maps, 1)[..., 0]  # [B, A_total]
+        deltas = flatten_head_outputs(delta_maps, 4)  # [B, A_total, 4]
+        # Proposals are not differentiated through (torchvision detaches them too), and are decoded
+        # in fp32 even under autocast: bf16 cannot hold box coordinates to a pixel.
+        proposals = self.propose(
+            objectness.detach().float(), deltas.detach().float(), anchors, feature_sizes, image_sizes
+        )
+        if targets is None:
+            return proposals, {}
+        return proposals, self.loss(objectness, deltas, anchors, targets, image_valid)
 
+    def loss(
+        self, objectness: Tensor, deltas: Tensor, anchors: Tensor, targets: Targets, image_valid: Tensor | None
+    ) -> dict[str, Tensor]:
+        """torchvision's assign_targets_to_anchors + fg_bg_sampler + compute_loss, fixed shapes."""
+        cfg = self.cfg
+        gt_boxes = targets.boxes.to(anchors.dtype)
+        with torch.no_grad():
+            iou = box_iou(gt_boxes, anchors[None])  # [B, G, A]
+            matches = match(iou, targets.valid, cfg.rpn_fg_iou_thresh, cfg.rpn_bg_iou_thresh, True)
+            labels = torch.where(matches >= 0, 1, 0)
+            labels = torch.where(matches == BELOW_LOW_THRESHOLD, 0, labels)
+            labels = torch.where(matches == BETWEEN_THRESHOLDS, -1, labels)
+            if image_valid is not None:
+                labels = torch.where(image_valid[:, None], labels, -1)
+            samples = sample_balanced(labels, cfg.rpn_batch_size_per_image, cfg.rpn_positive_fraction)
+            matched_boxes = gt_boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
+        return rpn_losses(objectness, deltas, anchors, matched_boxes, samples)
+
+    def propose(
+        self,
+        objectness: Tensor,
+        deltas: Tensor,
+        anchors: Tensor,
+        feature_sizes: list[tuple[int, int]],
+        image_sizes: Tensor,
+    ) -> Proposals:
+        """objectness [B, A], deltas [B, A, 4], anchors [A, 4] -> P proposals per image."""
+        cfg = self.cfg
         pre_nms = cfg.rpn_pre_nms_top_n_train if self.training else cfg.rpn_pre_nms_top_n_test
         post_nms = cfg.rpn_post_nms_top_n_train if self.training else cfg.rpn_post_nms_top_n_test
 
@@ -71,10 +124,17 @@ class RegionProposalNetwork(nn.Module):
 
         # NMS within each level; the result is score-ordered, so its first post_nms are the proposals.
         keep, keep_valid = nms_fixed(
-            boxes, scores, valid, cfg.rpn_nms_thresh, post_nms, groups=level,
-            impl=resolve_impl(cfg.ops_impl, boxes.device), iterations=cfg.nms_iterations,
+            boxes,
+            scores,
+            valid,
+            cfg.rpn_nms_thresh,
+            post_nms,
+            groups=level,
+            impl=resolve_impl(cfg.ops_impl, boxes.device),
+            iterations=cfg.nms_iterations,
         )
         boxes = boxes.gather(1, keep[..., None].expand(-1, -1, 4))
-        scores = torch.where(keep_valid, scores.gather(1, keep), torch.zeros((), dtype=scores.dtype, device=scores.device))
+        scores = torch.where(
+            keep_valid, scores.gather(1, keep), torch.zeros((), dtype=scores.dtype, device=scores.device)
+        )
         return Proposals(boxes, scores, keep_valid)
-

@@ -29,8 +29,9 @@ def check_image(image: object, index: int = 0) -> Tensor:
     if image.dim() != 3:
         raise ValueError(f"{where}: expected shape [3, H, W], got {list(image.shape)}")
     if image.shape[0] != 3:
-        raise ValueError(f"{where}: expected 3 channels (RGB, CHW layout), got {image.shape[0]} in "
-                         f"shape {list(image.shape)}")
+        raise ValueError(
+            f"{where}: expected 3 channels (RGB, CHW layout), got {image.shape[0]} in shape {list(image.shape)}"
+        )
     if image.shape[1] == 0 or image.shape[2] == 0:
         raise ValueError(f"{where}: zero-size image {list(image.shape)}")
     if image.dtype not in _DTYPES:
@@ -117,6 +118,6 @@ def to_image_batch(images: list[Tensor], cfg: Config, batch_size: int | None = N
         original_sizes[i] = torch.tensor(img.shape[-2:])
         valid[i] = True
     # Padding slots get a nominal size so no stage divides by zero; their outputs are invalid.
-    image_sizes[len(images):] = torch.tensor([canvas_h, canvas_w])
-    original_sizes[len(images):] = torch.tensor([canvas_h, canvas_w])
+    image_sizes[len(images) :] = torch.tensor([canvas_h, canvas_w])
+    original_sizes[len(images) :] = torch.tensor([canvas_h, canvas_w])
     return ImageBatch(tensors, image_sizes.to(device), original_sizes.to(device), valid.to(device))

@@ -37,6 +37,7 @@ def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | s
     unexpected = sorted(set(weights) - set(own))
     shapes = [k for k in set(own) & set(weights) if own[k].shape != weights[k].shape]
     if missing or unexpected or shapes:
+
         def head(keys: list[str]) -> str:
             return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
 
@@ -82,7 +83,9 @@ def synthetic_weights(cfg: Config | str = "coco_r50_fpn", seed: int = 0) -> dict
     model = torchvision_model(cfg).eval()
     images = textured_images(((cfg.min_size, int(cfg.min_size * 1.3)), (cfg.min_size, cfg.min_size)), seed)
 
-    hooks = [m.register_forward_pre_hook(_standardise_once) for m in model.modules() if isinstance(m, FrozenBatchNorm2d)]
+    hooks = [
+        m.register_forward_pre_hook(_standardise_once) for m in model.modules() if isinstance(m, FrozenBatchNorm2d)
+    ]
     stages = [  # (layer, target std of its output), in the order the data reaches them
         (model.rpn.head.cls_logits, 2.5),
         (model.rpn.head.bbox_pred, 0.1),

@@ -6,10 +6,19 @@ import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Start the XLA runtime before any test runs a CPU backward: torch_xla 2.9 otherwise fails a later
+# XLA backward with an internal assert (device_ready_queues_ in autograd's engine).
+try:
+    import torch_xla
+
+    torch_xla.device()
+except ImportError:
+    pass
 
 
 @pytest.fixture(scope="session")

@@ -89,7 +89,10 @@ def test_nothing_above_threshold_gives_empty_outputs(tiny_cfg, tiny_weights, ima
 def test_outputs_have_fixed_shapes_for_any_content(tiny_cfg, tiny_weights):
     model = _static(tiny_cfg, tiny_weights)
     k, m = tiny_cfg.box_detections_per_img, tiny_cfg.mask_size
-    for images in (textured_images(((240, 320), (200, 300)), seed=5), [torch.zeros(3, 240, 320), torch.ones(3, 220, 300)]):
+    for images in (
+        textured_images(((240, 320), (200, 300)), seed=5),
+        [torch.zeros(3, 240, 320), torch.ones(3, 220, 300)],
+    ):
         batch = to_image_batch(images, tiny_cfg, batch_size=3)
         with torch.no_grad():
             det = model(batch)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections

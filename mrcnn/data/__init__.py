@@ -1,0 +1,1 @@
+"""Data: the synthetic COCO-format set (synthetic), the COCO loader (coco), static batches (collate)."""
