@@ -30,6 +30,7 @@ from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 from torchvision.models.detection.roi_heads import expand_boxes, expand_masks
 
+from mrcnn.postprocess import per_image
 from mrcnn.structures import Detections, ImageBatch
 
 IOU_TYPES: tuple[str, ...] = ("bbox", "segm")
@@ -179,22 +180,14 @@ def detections_to_coco_results(
     Returns:
         (results as :func:`to_coco_results` gives them, image ids of the valid slots).
     """
-    det = Detections(*(t.detach().cpu() for t in det))
-    image_sizes, original_sizes = batch.image_sizes.cpu(), batch.original_sizes.cpu()
     all_ids = torch.as_tensor(image_ids).cpu()
     results: dict[str, list[dict[str, Any]]] = {t: [] for t in iou_types}
     seen = []
-    for i in torch.nonzero(batch.valid.cpu()).flatten().tolist():
-        keep = det.valid[i]
-        (rh, rw), (oh, ow) = image_sizes[i].tolist(), original_sizes[i].tolist()
-        ratio = torch.tensor([ow, oh, ow, oh], dtype=torch.float32) / torch.tensor(
-            [rw, rh, rw, rh], dtype=torch.float32
-        )
-        boxes = det.boxes[i][keep].float() * ratio
-        image_id = int(all_ids[i])
+    for d in per_image(det, batch):
+        image_id = int(all_ids[d.index])
         seen.append(image_id)
-        rles = paste_and_encode(det.masks[i][keep], boxes, (oh, ow), mask_threshold) if "segm" in results else None
-        _append_results(results, image_id, boxes, det.scores[i][keep], det.labels[i][keep], rles, label_to_category_id)
+        rles = paste_and_encode(d.masks, d.boxes, d.original_size, mask_threshold) if "segm" in results else None
+        _append_results(results, image_id, d.boxes, d.scores, d.labels, rles, label_to_category_id)
     return results, seen
 
 

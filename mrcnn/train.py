@@ -1,0 +1,705 @@
+"""Training loop for the static-shape Mask R-CNN: SGD, warm-up + step schedule, AMP, DDP, exact resume.
+
+The optimiser and schedule are those of torchvision's detection reference (``references/detection``):
+SGD with momentum and weight decay on the trainable parameters, a linear warm-up of the learning
+rate from ``warmup_factor * lr`` to ``lr`` over ``warmup_iters`` iterations, then a multi-step decay
+by ``gamma`` at each milestone of ``lr_steps``. Both are one :class:`WarmupMultiStep` factor inside a
+``LambdaLR`` stepped once per iteration, so the milestones count optimiser steps (not epochs, as the
+reference's ``MultiStepLR`` does) and the schedule does not depend on where a run stopped:
+
+    factor(it) = warmup(it) * gamma ** (number of milestones <= it)
+    warmup(it) = warmup_factor + (1 - warmup_factor) * it / warmup_iters   for it < warmup_iters, else 1
+
+Runs are step-counted (``steps``, or ``epochs`` turned into steps). Every ``checkpoint_every`` steps
+rank 0 writes ``out_dir/checkpoint_<step>.pt`` (atomically: temporary file, then rename) with the
+model, optimiser, scheduler and GradScaler states, the step, the loader position (epoch and batches
+consumed in it) and every rank's RNG states (torch, CUDA, numpy, python ``random``). ``resume``
+restores all of it, so N steps straight and k steps + resume + N - k steps give the same losses and
+parameters (fp32, ``num_workers=0``; each epoch's DataLoader draws its worker seeds from its own
+generator, so building a loader mid-epoch never disturbs the global RNG).
+
+A non-finite loss (summed over ranks, so every rank sees it) stops the run before the backward
+with :class:`NonFiniteLossError` naming the step; no checkpoint is written for that step, so the
+last good one stays as it was.
+
+Distributed: launched by ``torchrun`` (``WORLD_SIZE`` > 1), the process group is initialised from
+the environment (gloo on the CPU, nccl on CUDA), the model wrapped in ``DistributedDataParallel``
+without ``find_unused_parameters`` (every loss is computed over fixed-size, masked tensors, so every
+trainable parameter gets a gradient even for a batch without ground truth), and the loader gives
+rank r every world_size-th batch, all ranks the same number of batches.
+
+Metrics go to ``out_dir/metrics.jsonl``, one JSON object per step (step, epoch, the five losses and
+their sum averaged over ranks, lr, ``step_time`` (host checks, copy, forward, backward, optimiser),
+``data_time`` (waiting for the batch), elapsed ``time``, GT instances per rank) with COCO
+``bbox/*`` and ``segm/*`` metrics added on the steps where the val split was evaluated (rank 0,
+:class:`mrcnn.evaluate.CocoEvaluator`).
+
+Command line::
+
+    python -m mrcnn.train --preset tiny --data DIR --out DIR --steps 200 [--synth-count 200] ...
+    torchrun --nproc_per_node 2 -m mrcnn.train ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import bisect
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+from tqdm import tqdm
+
+from mrcnn.config import Config, get_config
+from mrcnn.data.coco import CocoDataset
+from mrcnn.data.collate import BucketBatchSampler, make_loader
+from mrcnn.losses import check_targets
+from mrcnn.model import MaskRCNN
+from mrcnn.structures import ImageBatch, Targets
+
+LOSS_NAMES: tuple[str, ...] = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
+AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
+METRICS_FILE = "metrics.jsonl"
+_CHECKPOINT_RE = re.compile(r"checkpoint_(\d+)\.pt$")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A loss became NaN or infinite; the message names the step and the last good checkpoint."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Schedule
+
+
+class WarmupMultiStep:
+    """LR factor of iteration ``it``: linear warm-up from ``warmup_factor``, then ``gamma`` at each milestone.
+
+    A class rather than a closure so ``LambdaLR.state_dict`` stores (and restores) its fields.
+    """
+
+    def __init__(
+        self, warmup_iters: int, warmup_factor: float, milestones: Sequence[int] = (), gamma: float = 0.1
+    ) -> None:
+        if list(milestones) != sorted(milestones):
+            raise ValueError(f"lr milestones must be increasing, got {list(milestones)}")
+        self.warmup_iters, self.warmup_factor = int(warmup_iters), float(warmup_factor)
+        self.milestones, self.gamma = [int(m) for m in milestones], float(gamma)
+
+    def __call__(self, it: int) -> float:
+        warmup = 1.0
+        if it < self.warmup_iters:
+            alpha = it / self.warmup_iters
+            warmup = self.warmup_factor * (1 - alpha) + alpha
+        return warmup * self.gamma ** bisect.bisect_right(self.milestones, it)
+
+
+def build_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+    """SGD over the trainable parameters, as torchvision's reference (one group, decay on all)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer,
+    warmup_iters: int,
+    warmup_factor: float,
+    lr_steps: Sequence[int],
+    gamma: float,
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupMultiStep(warmup_iters, warmup_factor, lr_steps, gamma))
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributed helpers
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    owns_group: bool = False  # this module initialised the process group (and destroys it)
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device: str) -> DistInfo:
+    """Join the process group torchrun describes (WORLD_SIZE > 1 in the environment); else single process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistInfo()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    owns = False
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if device.startswith("cuda"):
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend=backend)
+        owns = True
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, owns)
+
+
+def _barrier(info: DistInfo) -> None:
+    if info.distributed:
+        dist.barrier()
+
+
+# ------------------------------------------------------------------------------------------------
+# RNG and data position
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states, in types ``torch.load(weights_only=True)`` accepts."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class _EpochBatches(Sampler[list[int]]):
+    """One epoch of a :class:`BucketBatchSampler`, starting after the first ``start`` batches (resume)."""
+
+    def __init__(self, sampler: BucketBatchSampler, epoch: int, start: int = 0) -> None:
+        sampler.set_epoch(epoch)
+        self.batches = list(sampler)[start:]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def _epoch_loader(template: DataLoader, epoch: int, start: int, seed: int, num_workers: int) -> DataLoader:
+    """The rest of ``epoch`` from ``template`` (a :func:`make_loader` loader), with its own seed generator."""
+    return DataLoader(
+        template.dataset,
+        batch_sampler=_EpochBatches(template.batch_sampler, epoch, start),
+        collate_fn=template.collate_fn,
+        num_workers=num_workers,
+        pin_memory=template.pin_memory,
+        generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch),
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def checkpoint_path(out_dir: str | Path, step: int) -> Path:
+    return Path(out_dir) / f"checkpoint_{step:07d}.pt"
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The checkpoint with the highest step in ``out_dir``, or None."""
+    found = [
+        (int(m.group(1)), p) for p in Path(out_dir).glob("checkpoint_*.pt") if (m := _CHECKPOINT_RE.search(p.name))
+    ]
+    return max(found)[1] if found else None
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if path.is_dir():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint_*.pt in {path} to resume from")
+        path = found
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Data
+
+
+def ensure_synthetic(root: str | Path, split: str, count: int, seed: int) -> None:
+    """Write the synthetic data set's ``split`` under ``root`` unless its annotation file exists."""
+    from mrcnn.data.synthetic import generate
+
+    if not (Path(root) / "annotations" / f"instances_{split}.json").is_file():
+        generate(root, count, seed, split, progress=False)
+
+
+def _to_device(batch: ImageBatch, targets: Targets, device: torch.device) -> tuple[ImageBatch, Targets]:
+    if device.type == "cpu":
+        return batch, targets
+    return (
+        ImageBatch(*(t.to(device, non_blocking=True) for t in batch)),
+        Targets(*(t.to(device, non_blocking=True) for t in targets)),
+    )
+
+
+def _autocast(amp: str, device: torch.device) -> contextlib.AbstractContextManager:
+    if amp == "none":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(
+    model: MaskRCNN, dataset: CocoDataset, cfg: Config, batch_size: int, device: torch.device, amp: str = "none"
+) -> dict[str, float]:
+    """COCO box and mask metrics of ``model`` on ``dataset`` (one process; the model is left in eval mode)."""
+    from mrcnn.evaluate import CocoEvaluator
+
+    model.eval()
+    evaluator = CocoEvaluator(dataset.coco, dataset.label_to_category_id)
+    for batch, _, meta in make_loader(dataset, cfg, batch_size):
+        on_device = ImageBatch(*(t.to(device) for t in batch)) if device.type != "cpu" else batch
+        with _autocast(amp if amp == "bf16" else "none", device):
+            det = model(on_device)
+        det = type(det)(*(t.float().cpu() if t.is_floating_point() else t.cpu() for t in det))
+        evaluator.update_detections(det, batch, meta.image_ids)
+    return evaluator.summarize()
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop
+
+
+def build_model(cfg: Config, weights: str | os.PathLike | None = None) -> MaskRCNN:
+    """Random init (the global seed decides it), or a torchvision-format state_dict from ``weights``."""
+    model = MaskRCNN(cfg)
+    if weights is not None:
+        from mrcnn.weights import load_torchvision_weights
+
+        load_torchvision_weights(model, weights)
+    return model
+
+
+def _write_metrics(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Keep the records up to ``step`` (a resumed run rewrites what came after its checkpoint)."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+
+
+def train(
+    cfg: Config,
+    data_root: str | Path,
+    out_dir: str | Path,
+    *,
+    steps: int | None = None,
+    epochs: int | None = None,
+    batch_size: int = 2,
+    lr: float = 0.02,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-4,
+    warmup_iters: int = 1000,
+    warmup_factor: float = 0.001,
+    lr_steps: Sequence[int] = (),
+    gamma: float = 0.1,
+    amp: str = "none",
+    device: str | None = None,
+    seed: int = 0,
+    num_workers: int = 0,
+    checkpoint_every: int = 0,
+    resume: str | Path | None = None,
+    eval_every: int = 0,
+    eval_at_end: bool = True,
+    train_split: str = "train",
+    val_split: str | None = "val",
+    weights: str | os.PathLike | None = None,
+    synth_count: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train ``MaskRCNN(cfg)`` on ``data_root/<train_split>``; write checkpoints and metrics to ``out_dir``.
+
+    Args:
+        steps / epochs: run length, exactly one of them; epochs become steps (batches per epoch and rank).
+        lr, momentum, weight_decay, warmup_iters, warmup_factor, lr_steps, gamma: the schedule (module
+            docstring); ``lr`` is for the whole batch (all ranks), not scaled here.
+        amp: "none" (fp32), "bf16" (autocast, CPU or CUDA) or "fp16" (autocast + GradScaler, CUDA only).
+        device: "cpu", "cuda" (each rank takes cuda:LOCAL_RANK); default CUDA when present.
+        checkpoint_every: write a checkpoint every this many steps (0: only at the end).
+        resume: a checkpoint file, or a folder (its latest checkpoint).
+        eval_every: evaluate the val split every this many steps (0: never during training);
+            ``eval_at_end`` adds one after the last step. Skipped when the split does not exist.
+        weights: torchvision-format state_dict to start from (default: random init from ``seed``).
+        synth_count: if set and a split is missing, generate the synthetic data set there
+            (``synth_count`` train images, a quarter as many val images).
+    Returns:
+        ``{"step", "losses" (last step, rank-averaged), "metrics" (last evaluation or {}), "checkpoint"}``.
+    Raises:
+        NonFiniteLossError: a loss was NaN/inf; the message names the step and the last checkpoint.
+    """
+    if (steps is None) == (epochs is None):
+        raise ValueError("give exactly one of steps and epochs")
+    if amp not in AMP_MODES:
+        raise ValueError(f"amp must be one of {AMP_MODES}, got {amp!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if amp == "fp16" and not device.startswith("cuda"):
+        raise ValueError("amp='fp16' needs a CUDA device (it uses torch.amp.GradScaler); use amp='bf16' on the CPU")
+    info = init_distributed(device)
+    try:
+        return _train(**{k: v for k, v in locals().items() if k != "info"}, info=info)
+    finally:
+        if info.owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(
+    cfg: Config,
+    data_root: str | Path,
+    out_dir: str | Path,
+    *,
+    info: DistInfo,
+    steps: int | None,
+    epochs: int | None,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    weight_decay: float,
+    warmup_iters: int,
+    warmup_factor: float,
+    lr_steps: Sequence[int],
+    gamma: float,
+    amp: str,
+    device: str,
+    seed: int,
+    num_workers: int,
+    checkpoint_every: int,
+    resume: str | Path | None,
+    eval_every: int,
+    eval_at_end: bool,
+    train_split: str,
+    val_split: str | None,
+    weights: str | os.PathLike | None,
+    synth_count: int | None,
+    progress: bool,
+) -> dict[str, Any]:
+    out = Path(out_dir)
+    dev = torch.device(f"cuda:{info.local_rank}" if device == "cuda" else device)
+    if info.main:
+        out.mkdir(parents=True, exist_ok=True)
+        if synth_count is not None:
+            ensure_synthetic(data_root, train_split, synth_count, seed)
+            if val_split:
+                ensure_synthetic(data_root, val_split, max(1, synth_count // 4), seed + 1)
+    _barrier(info)
+
+    dataset = CocoDataset.from_config(data_root, train_split, cfg)
+    val_dataset = None
+    if val_split and (Path(data_root) / "annotations" / f"instances_{val_split}.json").is_file():
+        val_dataset = CocoDataset.from_config(data_root, val_split, cfg) if info.main else None
+    template = make_loader(
+        dataset, cfg, batch_size, shuffle=True, seed=seed, num_replicas=info.world_size, rank=info.rank
+    )
+    per_epoch = len(template.batch_sampler)
+    if per_epoch == 0:
+        raise ValueError(f"{data_root}/{train_split} gives no batches")
+    total = steps if steps is not None else epochs * per_epoch
+
+    seed_everything(seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
+    model = build_model(cfg, weights).to(dev).train()
+    optimizer = build_optimizer(model, lr, momentum, weight_decay)
+    scheduler = build_scheduler(optimizer, warmup_iters, warmup_factor, lr_steps, gamma)
+    scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
+    seed_everything(seed + 7919 * info.rank)  # per-rank sampling noise
+
+    step, epoch, offset = 0, 0, 0
+    metrics_path = out / METRICS_FILE
+    last_checkpoint: Path | None = None
+    if resume is not None:
+        ckpt = load_checkpoint(resume)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        scheduler.load_state_dict(ckpt["scheduler"])
+        if scaler is not None and ckpt.get("scaler") is not None:
+            scaler.load_state_dict(ckpt["scaler"])
+        step, epoch, offset = int(ckpt["step"]), int(ckpt["epoch"]), int(ckpt["offset"])
+        states = ckpt["rng"]
+        if len(states) == info.world_size:
+            set_rng_state(states[info.rank])
+        elif info.main:
+            print(
+                f"resume: checkpoint has RNG states of {len(states)} ranks, this run has {info.world_size}; "
+                "sampling noise will differ from an uninterrupted run",
+                file=sys.stderr,
+            )
+        if info.main:
+            _truncate_metrics(metrics_path, step)
+        last_checkpoint = Path(resume) if Path(resume).is_file() else latest_checkpoint(resume)
+
+    ddp_model: nn.Module = model
+    if info.distributed:
+        ddp_model = nn.parallel.DistributedDataParallel(
+            model, device_ids=[dev.index] if dev.type == "cuda" else None, find_unused_parameters=False
+        )
+
+    def save(at_step: int) -> Path | None:
+        states = [rng_state()]
+        if info.distributed:
+            states = [None] * info.world_size
+            dist.all_gather_object(states, rng_state())
+        path = None
+        if info.main:
+            path = checkpoint_path(out, at_step)
+            _atomic_save(
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict() if scaler is not None else None,
+                    "step": at_step,
+                    "epoch": epoch,
+                    "offset": offset,
+                    "rng": states,
+                    "world_size": info.world_size,
+                    "config": dataclasses.asdict(cfg),
+                },
+                path,
+            )
+        _barrier(info)
+        return path
+
+    def run_eval() -> dict[str, float]:
+        result: dict[str, float] = {}
+        if info.main and val_dataset is not None:
+            result = evaluate(model, val_dataset, cfg, batch_size, dev, amp)
+            model.train()
+        _barrier(info)
+        return result
+
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not (progress and info.main))
+    start_time = time.perf_counter()
+    last_losses: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    try:
+        while step < total:
+            if offset >= per_epoch:
+                epoch, offset = epoch + 1, 0
+            loader = _epoch_loader(template, epoch, offset, seed, num_workers)
+            t_data = time.perf_counter()
+            for batch, targets, _meta in loader:
+                t0 = time.perf_counter()
+                if dev.type != "cpu":
+                    check_targets(targets, cfg, batch)  # on the host, before the copy (the model checks CPU input)
+                gt_count = int(targets.valid.sum())
+                batch, targets = _to_device(batch, targets, dev)
+                with _autocast(amp, dev):
+                    losses = ddp_model(batch, targets)
+                stacked = torch.stack([losses[name].float() for name in LOSS_NAMES]).detach()
+                gt_counts = torch.zeros(info.world_size, dtype=torch.float64, device=dev)
+                gt_counts[info.rank] = gt_count
+                if info.distributed:
+                    stacked = stacked.clone()
+                    dist.all_reduce(stacked)
+                    stacked /= info.world_size
+                    dist.all_reduce(gt_counts)
+                values = stacked.cpu().tolist()
+                if not all(math.isfinite(v) for v in values):
+                    shown = ", ".join(f"{n}={v:.4g}" for n, v in zip(LOSS_NAMES, values))
+                    kept = f"last good checkpoint {last_checkpoint} kept" if last_checkpoint else "no checkpoint yet"
+                    raise NonFiniteLossError(f"non-finite loss at step {step + 1} ({shown}); stopping; {kept}")
+                total_loss = sum(losses[name] for name in LOSS_NAMES)
+                optimizer.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.scale(total_loss).backward()
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    total_loss.backward()
+                    optimizer.step()
+                lr_now = optimizer.param_groups[0]["lr"]
+                scheduler.step()
+                step, offset = step + 1, offset + 1
+
+                last_losses = dict(zip(LOSS_NAMES, values))
+                record: dict[str, Any] = {
+                    "step": step,
+                    "epoch": epoch,
+                    "loss": sum(values),
+                    **last_losses,
+                    "lr": lr_now,
+                    "step_time": time.perf_counter() - t0,
+                    "data_time": t0 - t_data,
+                    "time": time.perf_counter() - start_time,
+                    "gt_instances": [int(c) for c in gt_counts.tolist()],
+                }
+                bar.update(1)
+                bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr_now:.3g}")
+
+                if (checkpoint_every and step % checkpoint_every == 0) or step == total:
+                    last_checkpoint = save(step) or last_checkpoint
+                if (eval_every and step % eval_every == 0) or (eval_at_end and step == total):
+                    metrics = run_eval()
+                    record.update(metrics)
+                if info.main:
+                    _write_metrics(metrics_path, record)
+                if step >= total:
+                    break
+                t_data = time.perf_counter()
+    finally:
+        bar.close()
+    return {"step": step, "losses": last_losses, "metrics": metrics, "checkpoint": last_checkpoint}
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--set expects key=value, got {text!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        parsed = value
+    return key.strip(), parsed
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Training options (shared with the ``mrcnn train`` subcommand)."""
+    parser.add_argument("--preset", default="tiny", help="config preset (default tiny)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        type=_parse_override,
+        metavar="KEY=VALUE",
+        help="config override, Python literal values, e.g. --set min_size=256 (repeatable)",
+    )
+    parser.add_argument("--data", required=True, type=Path, help="COCO-layout data root")
+    parser.add_argument(
+        "--synth-count",
+        type=int,
+        default=None,
+        help="generate the synthetic set (this many train images, a quarter val) if a split is missing",
+    )
+    parser.add_argument("--train-split", default="train")
+    parser.add_argument("--val-split", default="val", help="evaluated if present; '' for none")
+    parser.add_argument("--out", required=True, type=Path, help="checkpoints and metrics.jsonl go here")
+    length = parser.add_mutually_exclusive_group(required=True)
+    length.add_argument("--steps", type=int, help="optimiser steps")
+    length.add_argument("--epochs", type=int, help="epochs (turned into steps)")
+    parser.add_argument("--batch-size", type=int, default=2, help="images per rank and step (default 2)")
+    parser.add_argument("--lr", type=float, default=0.02)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--weight-decay", type=float, default=1e-4)
+    parser.add_argument("--warmup-iters", type=int, default=1000)
+    parser.add_argument("--warmup-factor", type=float, default=0.001)
+    parser.add_argument("--lr-steps", type=int, nargs="*", default=[], help="milestones, in steps")
+    parser.add_argument("--gamma", type=float, default=0.1)
+    parser.add_argument("--amp", choices=AMP_MODES, default="none")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--checkpoint-every", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=0)
+    parser.add_argument("--no-final-eval", action="store_true")
+    parser.add_argument("--resume", default=None, help="checkpoint file, or a folder (its latest checkpoint)")
+    parser.add_argument("--weights", default=None, help="torchvision-format state_dict to start from")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cfg = get_config(args.preset, **dict(args.overrides))
+    try:
+        result = train(
+            cfg,
+            args.data,
+            args.out,
+            steps=args.steps,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            momentum=args.momentum,
+            weight_decay=args.weight_decay,
+            warmup_iters=args.warmup_iters,
+            warmup_factor=args.warmup_factor,
+            lr_steps=args.lr_steps,
+            gamma=args.gamma,
+            amp=args.amp,
+            device=args.device,
+            seed=args.seed,
+            num_workers=args.workers,
+            checkpoint_every=args.checkpoint_every,
+            resume=args.resume,
+            eval_every=args.eval_every,
+            eval_at_end=not args.no_final_eval,
+            train_split=args.train_split,
+            val_split=args.val_split or None,
+            weights=args.weights,
+            synth_count=args.synth_count,
+            progress=not args.quiet,
+        )
+    except NonFiniteLossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        summary = {"step": result["step"], **result["losses"], **result["metrics"]}
+        print(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in summary.items()}))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mrcnn.train", description=__doc__.split("\n")[0])
+    return run(add_arguments(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

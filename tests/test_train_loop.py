@@ -1,0 +1,302 @@
+"""The training loop (mrcnn.train): schedule, exact resume, NaN stop, AMP, evaluation, CLI, and DDP.
+
+Everything runs on tiny synthetic data at 128-160 px with small static sizes, a few steps each,
+at one thread (so runs are bitwise reproducible).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrcnn.config import get_config
+from mrcnn.data.collate import BucketBatchSampler
+from mrcnn.data.synthetic import generate
+from mrcnn.model import MaskRCNN
+from mrcnn.train import (
+    LOSS_NAMES,
+    NonFiniteLossError,
+    WarmupMultiStep,
+    build_optimizer,
+    build_scheduler,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    main,
+    train,
+)
+
+SMALL = dict(
+    min_size=128,
+    max_size=160,
+    canvases=((128, 160), (160, 128), (128, 128)),
+    rpn_pre_nms_top_n_train=200,
+    rpn_post_nms_top_n_train=100,
+    rpn_pre_nms_top_n_test=100,
+    rpn_post_nms_top_n_test=50,
+    box_batch_size_per_image=32,
+    box_pre_nms_top_n=100,
+    gt_mask_size=16,
+)
+CLI_SET = [arg for key, value in SMALL.items() for arg in ("--set", f"{key}={value!r}".replace(" ", ""))]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return get_config("tiny", **SMALL)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("synthetic")
+    generate(root, 6, seed=0, split="train", progress=False)
+    generate(root, 2, seed=1, split="val", progress=False)
+    return root
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def run(cfg, data, out, **kwargs):
+    options = dict(batch_size=2, lr=0.01, warmup_iters=2, val_split=None, progress=False)
+    options.update(kwargs)
+    return train(cfg, data, out, **options)
+
+
+# ------------------------------------------------------------------------------------------------
+# Schedule
+
+
+def test_schedule_is_warmup_then_multistep_per_iteration():
+    """The LambdaLR factor equals torch's LinearLR warm-up chained with MultiStepLR, both per iteration."""
+    lr, warmup, factor, milestones, gamma = 0.02, 5, 0.001, [8, 12], 0.1
+    ours = build_scheduler(build_optimizer(torch.nn.Linear(2, 2), lr, 0.9, 1e-4), warmup, factor, milestones, gamma)
+    ref_opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=lr)
+    ref = torch.optim.lr_scheduler.ChainedScheduler(
+        [
+            torch.optim.lr_scheduler.LinearLR(ref_opt, start_factor=factor, total_iters=warmup),
+            torch.optim.lr_scheduler.MultiStepLR(ref_opt, milestones=milestones, gamma=gamma),
+        ]
+    )
+    seen = []
+    for _ in range(16):
+        seen.append(ours.get_last_lr()[0])
+        assert seen[-1] == pytest.approx(ref.get_last_lr()[0], rel=1e-9)
+        ours.optimizer.step()
+        ref_opt.step()
+        ours.step()
+        ref.step()
+    assert seen[0] == pytest.approx(lr * factor) and seen[5] == pytest.approx(lr)
+    assert seen[8] == pytest.approx(lr * gamma) and seen[12] == pytest.approx(lr * gamma**2)
+    with pytest.raises(ValueError, match="increasing"):
+        WarmupMultiStep(1, 0.1, [5, 3])
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints and resume
+
+
+def test_resume_continues_exactly(cfg, data, tmp_path):
+    """5 steps straight == 2 steps, then resume from the checkpoint for 3 more (losses and weights bitwise)."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    run(cfg, data, straight, steps=5, checkpoint_every=2)
+    assert sorted(p.name for p in straight.glob("checkpoint_*.pt")) == [
+        "checkpoint_0000002.pt",
+        "checkpoint_0000004.pt",
+        "checkpoint_0000005.pt",
+    ]
+    run(cfg, data, split, steps=2)
+    first_half = load_checkpoint(checkpoint_path(split, 2))
+    assert first_half["step"] == 2 and set(first_half) >= {"model", "optimizer", "scheduler", "rng", "epoch"}
+    result = run(cfg, data, split, steps=5, resume=split)  # a folder: its latest checkpoint
+    assert result["step"] == 5
+
+    a, b = records(straight), records(split)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5]
+    assert max(r["epoch"] for r in a) >= 1, "the run should cross an epoch boundary"
+    for ra, rb in zip(a, b):
+        assert [ra[n] for n in LOSS_NAMES] == [rb[n] for n in LOSS_NAMES], ra["step"]
+        assert ra["lr"] == rb["lr"] and ra["gt_instances"] == rb["gt_instances"]
+    assert len({r["loss"] for r in a}) == 5, "losses should change from step to step"
+    end_a, end_b = load_checkpoint(checkpoint_path(straight, 5)), load_checkpoint(checkpoint_path(split, 5))
+    assert end_a.keys() == end_b.keys()
+    for key, value in end_a["model"].items():
+        assert torch.equal(value, end_b["model"][key]), key
+    start = load_checkpoint(checkpoint_path(straight, 2))["model"]
+    assert any(not torch.equal(start[k], v) for k, v in end_a["model"].items()), "training should move the weights"
+    assert end_a["optimizer"]["state"].keys() == end_b["optimizer"]["state"].keys()
+    for key, state in end_a["optimizer"]["state"].items():
+        assert torch.equal(state["momentum_buffer"], end_b["optimizer"]["state"][key]["momentum_buffer"])
+    assert end_a["scheduler"]["last_epoch"] == end_b["scheduler"]["last_epoch"] == 5
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cfg, data, tmp_path, monkeypatch):
+    class NanAtFourthStep(MaskRCNN):
+        calls = 0
+
+        def forward(self, batch, targets=None):
+            out = super().forward(batch, targets)
+            if self.training:
+                NanAtFourthStep.calls += 1
+                if NanAtFourthStep.calls == 4:
+                    out["loss_mask"] = out["loss_mask"] * float("nan")
+            return out
+
+    monkeypatch.setattr("mrcnn.train.build_model", lambda cfg, weights=None: NanAtFourthStep(cfg))
+    with pytest.raises(
+        NonFiniteLossError, match=r"non-finite loss at step 4 \(.*loss_mask=nan.*checkpoint_0000002\.pt kept"
+    ):
+        run(cfg, data, tmp_path, steps=6, checkpoint_every=2)
+    # Step 4 was a checkpoint step: nothing was written for it, and step 2's checkpoint is intact.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_0000002.pt", "metrics.jsonl"]
+    assert latest_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
+    good = load_checkpoint(tmp_path / "checkpoint_0000002.pt")
+    assert good["step"] == 2 and all(torch.isfinite(v).all() for v in good["model"].values())
+    assert [r["step"] for r in records(tmp_path)] == [1, 2, 3]
+
+
+def test_epochs_cover_every_image_once(cfg, data, tmp_path):
+    """epochs=1 runs one pass: as many steps as batches, every annotated instance seen once."""
+    from mrcnn.data.coco import CocoDataset
+
+    dataset = CocoDataset.from_config(data, "train", cfg)
+    batches = len(BucketBatchSampler(dataset.sizes, cfg, 2))
+    result = run(cfg, data, tmp_path, epochs=1)
+    rows = records(tmp_path)
+    assert result["step"] == len(rows) == batches
+    assert {r["epoch"] for r in rows} == {0}
+    assert sum(r["gt_instances"][0] for r in rows) == len(dataset.coco.getAnnIds(iscrowd=False))
+    with pytest.raises(ValueError, match="exactly one of steps and epochs"):
+        run(cfg, data, tmp_path, steps=1, epochs=1)
+
+
+def test_weights_start_the_model(cfg, data, tmp_path):
+    """``weights`` (a torchvision-format state_dict) replaces the random init; lr 0 leaves it as loaded."""
+    torch.manual_seed(123)
+    start = MaskRCNN(cfg).state_dict()
+    torch.save(start, tmp_path / "start.pt")
+    run(cfg, data, tmp_path / "out", steps=1, lr=0.0, weights=tmp_path / "start.pt")
+    end = load_checkpoint(checkpoint_path(tmp_path / "out", 1))["model"]
+    assert all(torch.equal(v, end[k]) for k, v in start.items())
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixed precision
+
+
+def test_bf16_training_on_cpu(cfg, data, tmp_path):
+    result = run(cfg, data, tmp_path, steps=2, amp="bf16")
+    assert result["step"] == 2 and all(torch.isfinite(torch.tensor(v)) for v in result["losses"].values())
+    weights = load_checkpoint(checkpoint_path(tmp_path, 2))["model"]
+    assert all(v.dtype != torch.bfloat16 for v in weights.values()), "master weights stay fp32"
+
+
+def test_fp16_needs_cuda(cfg, data, tmp_path):
+    with pytest.raises(ValueError, match=r"fp16.*CUDA"):
+        run(cfg, data, tmp_path, steps=1, amp="fp16", device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 + GradScaler needs a CUDA GPU; none is visible")
+def test_fp16_gradscaler_training_on_cuda(cfg, data, tmp_path):
+    result = run(cfg, data, tmp_path, steps=3, amp="fp16", device="cuda", checkpoint_every=3)
+    ckpt = load_checkpoint(checkpoint_path(tmp_path, 3))
+    assert result["step"] == 3 and ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation and command line
+
+
+def test_cli_generates_data_trains_and_evaluates(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "out"
+    argv = ["--preset", "tiny", *CLI_SET, "--data", str(data), "--synth-count", "4", "--out", str(out)]
+    argv += ["--steps", "2", "--eval-every", "1", "--no-final-eval", "--warmup-iters", "2", "--quiet"]
+    assert main(argv) == 0
+    assert (data / "annotations" / "instances_train.json").is_file()
+    assert (data / "annotations" / "instances_val.json").is_file()
+    rows = records(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert {"loss", "lr", "time", "step_time", "data_time", *LOSS_NAMES} <= row.keys()
+        for key in ("bbox/AP", "segm/AP", "bbox/AP50", "segm/AP50"):
+            assert 0.0 <= row[key] <= 1.0, (key, row[key])
+    assert rows[0]["lr"] == pytest.approx(0.02 * 0.001)  # the first step runs at the warm-up start
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["step"] == 2 and "segm/AP" in summary
+
+
+# ------------------------------------------------------------------------------------------------
+# Distributed
+
+
+def test_ddp_rank_without_ground_truth_neither_crashes_nor_hangs(cfg, data, tmp_path):
+    """torchrun, 2 CPU processes (gloo): every image rank 1 sees has no annotation."""
+    from mrcnn.data.coco import CocoDataset
+
+    dataset = CocoDataset.from_config(data, "train", cfg)
+    sampler = BucketBatchSampler(dataset.sizes, cfg, 1, shuffle=True, seed=0, num_replicas=2, rank=1)
+    rank1_ids = {dataset.ids[i] for batch in sampler for i in batch}
+    raw = json.loads((data / "annotations" / "instances_train.json").read_text())
+    raw["annotations"] = [a for a in raw["annotations"] if a["image_id"] not in rank1_ids]
+    root = tmp_path / "data"
+    (root / "annotations").mkdir(parents=True)
+    (root / "annotations" / "instances_ddp.json").write_text(json.dumps(raw))
+    (root / "ddp").symlink_to(data / "train", target_is_directory=True)
+    steps = len(sampler)  # one epoch, so the shuffle is the one computed above
+
+    def torchrun(out: Path, *extra: str) -> None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        command += ["-m", "mrcnn.train", "--preset", "tiny", *CLI_SET, "--data", str(root), "--train-split", "ddp"]
+        command += ["--val-split", "", "--out", str(out), "--steps", str(steps), "--batch-size", "1"]
+        command += ["--device", "cpu", "--threads", "1", "--warmup-iters", "1", "--quiet", *extra]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        # A session of its own, so a hang kills torchrun's workers too, not only torchrun.
+        proc = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        try:
+            _, stderr = proc.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate()
+            pytest.fail(f"DDP run hung (killed after 150 s): {stderr[-4000:]}")
+        assert proc.returncode == 0, stderr[-4000:]
+
+    out = tmp_path / "out"
+    torchrun(out, "--checkpoint-every", "1")
+    rows = records(out)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["gt_instances"][1] == 0 for r in rows), "rank 1 must only see images without objects"
+    assert sum(r["gt_instances"][0] for r in rows) > 0
+    assert all(r["loss_mask"] >= 0 and r["loss"] > 0 for r in rows)
+    ckpt = load_checkpoint(checkpoint_path(out, steps))
+    assert ckpt["world_size"] == 2 and len(ckpt["rng"]) == 2
+    assert not torch.equal(ckpt["rng"][0]["torch"], ckpt["rng"][1]["torch"]), "ranks draw their own sampling noise"
+    assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+    # Resuming the DDP run from its first checkpoint ends on the same weights (every rank's RNG restored).
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    shutil.copy(checkpoint_path(out, 1), checkpoint_path(resumed, 1))
+    torchrun(resumed, "--resume", str(resumed))
+    assert [r["loss"] for r in records(resumed)] == [r["loss"] for r in rows[1:]]
+    end = load_checkpoint(checkpoint_path(resumed, steps))["model"]
+    assert all(torch.equal(v, end[k]) for k, v in ckpt["model"].items())
