@@ -515,7 +515,9 @@ def _worker_main(name: str, workdir: Path) -> int:
     def heartbeat() -> None:
         while True:
             with contextlib.suppress(Exception):  # counters are read while the main thread writes them
-                if row is not None and spec.impl != "hang":
+                # Not during set-up: reading counters imports torch_xla, which would race (and
+                # deadlock) with the main thread's own import of it.
+                if row is not None and state["phase"] != "setup":
                     state["counters"] = row.counters()
                 write_status()
             time.sleep(0.5)
@@ -733,6 +735,23 @@ def _median_iqr(xs: list[float]) -> tuple[float, float]:
     return float(q[1]), float(q[2] - q[0])
 
 
+def machine_state(pids: list[int] | None = None) -> dict[str, float]:
+    """Load average, available memory and resident sizes (GB): what else was using the machine."""
+    state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0]}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                state["mem_available_gb"] = int(line.split()[1]) / 2**20
+    rss = 0.0
+    for pid in [os.getpid(), *(pids or [])]:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    rss += int(line.split()[1]) / 2**20
+    state["rss_gb"] = rss
+    return state
+
+
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: b[k] - a.get(k, 0) for k in b}
 
@@ -865,6 +884,8 @@ def run_comparison(opts: Options) -> dict[str, Any]:
             from tqdm import tqdm
 
             rounds = tqdm(rounds, desc="rounds", file=sys.stderr, dynamic_ncols=True)
+        worker_pids = [r.proc.pid for r in runners.values() if isinstance(r, BoundedRow) and r.proc]
+        machine = [machine_state(worker_pids)]
         for rnd in rounds:
             index = rnd % len(images)
             order = running[rnd % len(running):] + running[: rnd % len(running)] if running else []
@@ -880,6 +901,7 @@ def run_comparison(opts: Options) -> dict[str, Any]:
                 except Exception as e:
                     r.status, r.detail = "error", f"in round {rnd + 1}: {type(e).__name__}: {e}"
                     _log(f"{r.spec.name}: ERROR in round {rnd + 1}\n{traceback.format_exc()}")
+            machine.append(machine_state(worker_pids))
             ref = outputs.get(REFERENCE_ROW)
             if ref is not None:
                 for name, out in outputs.items():
@@ -907,6 +929,7 @@ def run_comparison(opts: Options) -> dict[str, Any]:
         "peaks_end": peaks_end,
         "flops": flops,
         "stages": stages,
+        "machine_per_round": machine,
         "images": buckets,
         "limit_s": limit,
         "weights": weights_desc,
@@ -1125,6 +1148,16 @@ def format_table(report: dict[str, Any]) -> str:
         )
     if report.get("stages"):
         out.append("\n" + stage_frame(report).to_markdown(index=False, floatfmt=".3f") + "\n")
+    machine = report.get("machine_per_round") or []
+    if machine:
+        load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]
+        mem = min(m.get("mem_available_gb", math.nan) for m in machine)
+        rss = max(m["rss_gb"] for m in machine)
+        out.append(
+            f"During the rounds: median 1-min load average {load:.1f} on {report['environment']['affinity']} "
+            f"usable cores (this run alone keeps it near its thread count), least memory available "
+            f"{mem:.1f} GB, largest resident size of this run (with its workers) {rss:.1f} GB."
+        )
     env = report["environment"]
     out.append(
         f"Preset {report['preset']}, images {[b['size'] for b in report['images']]} -> canvas "

@@ -57,6 +57,9 @@ class RoIHeads(nn.Module):
         """Static postprocess_detections: [B, P, ...] head outputs -> K detections per image (no masks)."""
         cfg = self.cfg
         b, p, c = class_logits.shape
+        # Detection geometry and scores in fp32 even under autocast: bf16 boxes would move detections
+        # by pixels, and torchvision's NMS kernel has no bf16 version.
+        class_logits, deltas = class_logits.float(), deltas.float()
         boxes = clip_boxes(decode_boxes(deltas, proposals.boxes, cfg.bbox_reg_weights), image_sizes)  # [B,P,C,4]
         scores = F.softmax(class_logits, -1)
         labels = torch.arange(c, device=scores.device).expand(b, p, c)
