@@ -1098,7 +1098,7 @@ def _target_verdict(name: str, median: float, medians: dict[str, float], par: di
     parity_txt = ""
     if base == REFERENCE_ROW and not parity_ok:
         parity_txt = ", parity FAILED" if par else ", parity not checked"
-    return f"<= {factor:g}x {label}: {'met' if speed_ok else 'missed'} ({ratio:.2f}x){parity_txt}"
+    return f"<= {factor:g}x {label}: {'met' if speed_ok else 'missed'} ({ratio:.3f}x){parity_txt}"
 
 
 def stage_frame(report: dict[str, Any]):
