@@ -8,7 +8,6 @@ import sys
 
 # name -> (module with add_arguments(parser) and run(args), one-line help)
 COMMANDS = {
-    "compare": ("mrcnn.compare", "static model against torchvision on every backend present; prints a table"),
     "synth": ("mrcnn.data.synthetic", "write the synthetic COCO-format data set"),
     "train": ("mrcnn.train", "train the static model: SGD + warm-up, AMP, DDP (torchrun), exact resume, COCO eval"),
     "export": ("mrcnn.export", "torch.export / AOTInductor package of the static model for one canvas"),

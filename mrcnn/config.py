@@ -94,6 +94,11 @@ class Config:
     ops_impl: str = "auto"
     nms_iterations: int = 16  # fixed-point steps of the pure-tensor NMS
 
+    # Test knob for the latency gate (bench/error_rates.py), off by default: when > 0, inference
+    # does this fraction of extra real compute (outputs unchanged), so the gate's detection rate
+    # can be measured against a known slowdown. 0.10 makes the forward about 10% slower.
+    inject_slowdown: float = 0.0
+
     @property
     def mask_size(self) -> int:
         """M, the side of the mask probabilities in ``Detections.masks``."""
@@ -123,6 +128,8 @@ class Config:
             problems.append("num_classes counts the background and must be at least 2")
         if self.box_pre_nms_top_n < self.box_detections_per_img:
             problems.append("box_pre_nms_top_n must be at least box_detections_per_img")
+        if not 0.0 <= self.inject_slowdown < 1.0:
+            problems.append(f"inject_slowdown must be in [0, 1), got {self.inject_slowdown}")
         if problems:
             raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
 

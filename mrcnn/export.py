@@ -8,15 +8,18 @@ One package serves one canvas bucket and one batch size, the same unit XLA compi
                                               loadable from C++ (cpp/) with no Python at all
 
 Why the pure-tensor ops. The model's NMS and multi-level RoIAlign come in two forms
-(:mod:`mrcnn.ops`): ``"torchvision"`` wraps torchvision's C++ kernels in ``torch.library`` custom
-ops (``mrcnn::nms_fixed_tv``, ``mrcnn::multilevel_roi_align_tv``) whose kernels are written in
-Python; ``"tensor"`` is made of aten ops only. An AOTInductor package loaded from C++ can only call
-ops whose kernels are registered in C++, and a Python kernel is not. So packages are built from the
-``"tensor"`` form, which decomposes into aten ops that AOTInductor compiles into the package
-(``embedding_bag``, ``topk``, ``sort`` run as libtorch's own kernels). The exported graph therefore
-holds no ``mrcnn::`` or ``torchvision::`` op at all, which :func:`check_exportable` asserts. The
-registered custom ops keep their fake kernels (so export and ``torch.compile`` see through them
-when a graph is built with ``ops_impl="torchvision"``) and are checked with
+(:mod:`mrcnn.ops`), each a ``torch.library`` operator: ``"torchvision"`` is
+``mrcnn::nms_fixed_tv`` / ``mrcnn::multilevel_roi_align_tv``, torchvision's C++ kernels called from
+a kernel written in Python behind a fake kernel; ``"tensor"`` is ``mrcnn::nms_fixed`` /
+``mrcnn::multilevel_roi_align``, whose only kernel is ``CompositeImplicitAutograd``: the
+pure-tensor code, which decomposes into aten ops. An AOTInductor package loaded from C++ can only
+call ops whose kernels are registered in C++, and a Python kernel is not. So packages are built
+from the ``"tensor"`` form. ``torch.export`` keeps each composite op as one node, so
+:func:`export_model` then decomposes exactly those ops (:func:`decompose_mrcnn_ops`) into aten ops,
+which AOTInductor compiles into the package (``embedding_bag``, ``topk``, ``sort`` run as libtorch's
+own kernels). The exported graph therefore holds no ``mrcnn::`` or ``torchvision::`` op, nor any op
+without a C++ kernel, which :func:`check_exportable` asserts; :func:`check_aoti_package` asserts
+the same of the ops a built package calls by name. All four ops are checked with
 ``torch.library.opcheck`` in ``tests/test_ops.py``.
 
 Shapes are static: the canvas and batch size are baked into the graph, ``range_constraints`` is
@@ -37,6 +40,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import statistics
 import time
 import warnings
@@ -57,8 +61,11 @@ __all__ = [
     "DeployedModel",
     "ExportMeta",
     "add_arguments",
+    "aoti_extern_ops",
+    "check_aoti_package",
     "check_exportable",
     "compile_aoti",
+    "decompose_mrcnn_ops",
     "export_model",
     "load_exported",
     "read_ppm",
@@ -220,16 +227,67 @@ def export_model(
     device = next(model.parameters()).device
     with torch.no_grad():
         ep = torch.export.export(DeployableMaskRCNN(model), example_inputs(canvas, batch_size, device), strict=strict)
+        ep = decompose_mrcnn_ops(ep)
     check_exportable(ep)
     return ep
 
 
+def decompose_mrcnn_ops(ep: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
+    """Replace each ``mrcnn::nms_fixed`` / ``mrcnn::multilevel_roi_align`` node by the aten ops of its kernel.
+
+    ``torch.export`` preserves ``CompositeImplicitAutograd`` ops as single nodes, and these two have
+    only a Python kernel, which neither a C++ process nor a reloaded program without ``mrcnn``
+    imported could run. No other op is decomposed (``linear``, ``conv2d`` stay), though the
+    re-trace writes the graph in inference IR (functional: ``relu_`` becomes ``relu``, ``reshape``
+    becomes ``view``); the outputs are bit-identical. Returns ``ep`` itself when it holds none of them.
+    """
+    from mrcnn.ops._library import COMPOSITE_OPS
+
+    present = {n.target for n in ep.graph.nodes if n.op == "call_function"} & COMPOSITE_OPS.keys()
+    if not present:
+        return ep
+    return ep.run_decompositions({op: COMPOSITE_OPS[op] for op in present})
+
+
+# "<key>[alias] (inactive): registered at <file>:<line> :: ..." lines of torch._C._dispatch_dump.
+_REGISTRATION = re.compile(r"^(\w+)(?:\[alias\])?(?: \(inactive\))?: registered at (\S+):\d+ ::", re.MULTILINE)
+# Dispatch keys whose kernel serves a plain CPU call in a process without Python.
+_CPU_KERNEL_KEYS = frozenset(
+    {"CPU", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional", "CompositeImplicitAutograd"}
+)
+
+
+def has_cpp_cpu_kernel(op_name: str) -> bool:
+    """Whether the dispatcher holds a CPU-capable kernel of ``op_name`` ("ns::name") registered from C++.
+
+    Kernels registered with ``torch.library`` from Python (``custom_op``, ``Library.impl``, and the
+    ``prims::`` ops) are recorded with the ``.py`` file that registered them; such an op has no
+    kernel in a C++ process.
+    """
+    try:
+        dump = torch._C._dispatch_dump(op_name)
+    except RuntimeError:  # not registered at all
+        return False
+    return any(key in _CPU_KERNEL_KEYS and not where.endswith(".py") for key, where in _REGISTRATION.findall(dump))
+
+
+def _c_plus_plus_problem(op_name: str) -> str | None:
+    """Why a C++ process linking only libtorch could not call ``op_name``, or None if it can."""
+    cpp = has_cpp_cpu_kernel(op_name)
+    if op_name.split("::", 1)[0] != "aten":
+        where = "its C++ kernels are in another library" if cpp else "its kernels are written in Python"
+        return f"{op_name}, not an aten op ({where})"
+    return None if cpp else f"{op_name}, which has no C++ kernel for the CPU (only Python ones)"
+
+
 def check_exportable(ep: torch.export.ExportedProgram) -> None:
-    """Raise RuntimeError unless ``ep`` is static and made of aten ops only.
+    """Raise RuntimeError unless ``ep`` is static and made of aten ops with C++ kernels only.
 
     Static: no symbolic sizes (``range_constraints`` empty, every input and output size an int),
-    hence no guard that could depend on the data. aten only: no ``mrcnn::`` custom op (Python
-    kernels) nor ``torchvision::`` op, which a C++ process without those libraries could not run.
+    hence no guard that could depend on the data. aten only: no ``mrcnn::`` op (all have Python
+    kernels only: the ``*_tv`` ops, and the composite ones left undecomposed), no ``torchvision::``
+    op (not in libtorch) and no op whose CPU kernels were all registered from Python (``prims::``,
+    or an aten op someone overrode from Python), none of which a C++ process could run.
     """
     problems = []
     if ep.range_constraints:
@@ -239,11 +297,45 @@ def check_exportable(ep: torch.export.ExportedProgram) -> None:
         if isinstance(val, Tensor) and not all(isinstance(s, int) for s in val.shape):
             problems.append(f"node {node.name} has a symbolic shape {tuple(val.shape)}")
         if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            namespace = node.target.namespace
-            if namespace not in ("aten", "prims"):
-                problems.append(f"node {node.name} calls {namespace}::{node.target._opname}, not an aten op")
+            problem = _c_plus_plus_problem(node.target.name())
+            if problem:
+                problems.append(f"node {node.name} calls {problem}")
     if problems:
         raise RuntimeError("exported program is not static and aten-only: " + "; ".join(problems[:10]))
+
+
+def aoti_extern_ops(path: str | os.PathLike) -> list[str]:
+    """Ops that an AOTInductor package calls by name at run time, e.g. ``["mrcnn::nms_fixed_tv"]``.
+
+    AOTInductor compiles most of a graph into the package and calls some aten kernels through its C
+    shim (``aoti_torch_cpu_*``, linked against libtorch). Any other op becomes an extern node:
+    listed in the model's ``<hash>.json`` (next to its ``.wrapper.cpp``) and called through the
+    proxy executor, which looks the op up in the dispatcher of the process running the package.
+    Raises ValueError for a package whose wrapper calls the proxy executor but lists no extern node.
+    """
+    ops: list[str] = []
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if "/data/aotinductor/" in n]
+        wrappers = [n for n in names if n.endswith(".cpp")]
+        proxy_calls = sum(z.read(n).decode(errors="replace").count("aoti_torch_proxy_executor_call_function(")
+                          for n in wrappers)
+        for name in names:
+            if name.endswith(".json") and not name.endswith("_metadata.json"):
+                ops += [entry["node"]["target"] for entry in json.loads(z.read(name)).get("nodes", [])]
+    if proxy_calls and not ops:
+        raise ValueError(f"{path}: the wrapper makes {proxy_calls} proxy-executor calls but no extern node is listed")
+    return ops
+
+
+def check_aoti_package(path: str | os.PathLike) -> None:
+    """Raise RuntimeError unless every op the package calls by name has a C++ kernel in libtorch.
+
+    The C++ example links libtorch only: an extern node naming an ``mrcnn::`` op (Python kernels),
+    a ``torchvision::`` op or any op without a C++ CPU kernel would fail there at run time.
+    """
+    problems = [p for op in aoti_extern_ops(path) if (p := _c_plus_plus_problem(op))]
+    if problems:
+        raise RuntimeError(f"{path}: AOTInductor package calls ops C++ could not run: " + "; ".join(problems[:10]))
 
 
 def save_exported(ep: torch.export.ExportedProgram, path: str | os.PathLike, meta: ExportMeta) -> Path:
@@ -302,6 +394,7 @@ def build_packages(
         t0 = time.perf_counter()
         info["paths"]["aoti"] = str(compile_aoti(ep, out_dir / f"{stem}.aoti.pt2", meta))
         info["aoti_compile_s"] = time.perf_counter() - t0
+        check_aoti_package(info["paths"]["aoti"])
         log(f"AOTInductor package built in {info['aoti_compile_s']:.1f} s")
     return info
 

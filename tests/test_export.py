@@ -1,7 +1,9 @@
 """torch.export and AOTInductor packages of the static model, and the C++ example that runs them.
 
-The custom ops' own checks (``torch.library.opcheck`` of ``mrcnn::nms_fixed_tv`` and
-``mrcnn::multilevel_roi_align_tv``, their fake kernels and autograd) live in tests/test_ops.py.
+The custom ops' own checks (``torch.library.opcheck`` of ``mrcnn::nms_fixed``,
+``mrcnn::multilevel_roi_align`` and their ``*_tv`` torchvision-kernel forms, fake kernels and
+autograd) live in tests/test_ops.py. Here: the packages hold none of those ops (all have Python
+kernels only), neither as a graph node nor as an op an AOTInductor package calls by name.
 Measured on the 2-core CPU machine: the exported-program tests take about 30 s beyond the shared
 weights fixture; the AOTInductor compile about 75 to 90 s and the C++ build about 15 to 20 s.
 """
@@ -14,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -85,8 +88,14 @@ def assert_outputs_close(expected, actual, atol_boxes=1e-4, atol=1e-5):
 @pytest.mark.filterwarnings("ignore:The given buffer is not writable")
 def test_export_is_static_and_aten_only(exported_path, eager_outputs):
     ep = torch.export.load(exported_path)
-    export.check_exportable(ep)  # raises on symbolic sizes or non-aten ops
+    export.check_exportable(ep)  # raises on symbolic sizes, non-aten ops or ops without a C++ kernel
     assert not ep.range_constraints
+    # mrcnn::nms_fixed and mrcnn::multilevel_roi_align were decomposed into aten ops (the reload
+    # above would fail on a node naming an op this process had not registered).
+    ops = {n.target for n in ep.graph.nodes if isinstance(n.target, torch._ops.OpOverload)}
+    assert {op.namespace for op in ops} == {"aten"}
+    assert {torch.ops.aten.bmm.default, torch.ops.aten.topk.default} <= ops  # NMS's fixed point, top-k
+    assert any("embedding_bag" in op.name() for op in ops)  # RoIAlign's weighted gather
     user_inputs = set(ep.graph_signature.user_inputs)
     shapes = [tuple(n.meta["val"].shape) for n in ep.graph.nodes if n.op == "placeholder" and n.name in user_inputs]
     assert shapes == [(1, 3, *CANVAS), (1, 2)]
@@ -111,13 +120,17 @@ def test_check_exportable_rejects_dynamic_and_custom_ops(model):
         export.check_exportable(dyn)
 
     # The torchvision-kernel ops export too (their fake kernels give the static shapes), but their
-    # Python kernels could not run from C++: check_exportable names them.
+    # Python kernels could not run from C++: check_exportable names them. (The composite ops left
+    # undecomposed are rejected the same way: tests/test_ops.py.)
     tv = MaskRCNN(model.cfg.replace(ops_impl="torchvision")).eval()
     tv.load_state_dict(model.state_dict())
     with torch.no_grad():
         ep = torch.export.export(DeployableMaskRCNN(tv), export.example_inputs(CANVAS, 1))
     assert not ep.range_constraints
-    with pytest.raises(RuntimeError, match="mrcnn::"):
+    assert export.decompose_mrcnn_ops(ep) is ep  # nothing composite to decompose: the *_tv ops stay
+    with pytest.raises(RuntimeError, match=r"mrcnn::nms_fixed_tv, not an aten op \(its kernels are written in Py"):
+        export.check_exportable(ep)
+    with pytest.raises(RuntimeError, match=r"mrcnn::multilevel_roi_align_tv, not an aten op"):
         export.check_exportable(ep)
 
 
@@ -215,6 +228,9 @@ def test_cli_export(tiny_weights, tmp_path, capsys):
 def test_aoti_package_matches_eager(aoti_path, batch, eager_outputs):
     deployed = load_exported(aoti_path)
     assert deployed.format == "aoti"
+    # Everything is compiled in or called through libtorch's C shim: no op is looked up by name.
+    assert export.aoti_extern_ops(aoti_path) == []
+    export.check_aoti_package(aoti_path)
     metadata = deployed._runner.get_metadata()
     assert metadata["mrcnn.canvas_height"] == "320" and metadata["mrcnn.canvas_width"] == "448"
     assert metadata["mrcnn.batch_size"] == "1"
@@ -229,11 +245,64 @@ def test_aoti_package_matches_eager(aoti_path, batch, eager_outputs):
     torch.testing.assert_close(out[1].sort(dim=1).values, eager_outputs[1].sort(dim=1).values, atol=1e-4, rtol=0)
     # The compiled graph trusts its inputs; the wrapper must not let a wrong shape through, and
     # must hand it the contiguous layout it was compiled for.
-    with pytest.raises(ValueError, match="wrong batch size"):
+    with pytest.raises(ValueError, match=r"wrong batch size.*\[1, 3, 320, 448\].*got a batch of 2"):
         deployed(batch.tensors.expand(2, -1, -1, -1), batch.image_sizes.expand(2, -1))
+    with pytest.raises(ValueError, match=r"wrong canvas size: this aoti package .*320x448.*got images of canvas 352x"):
+        deployed(torch.zeros(1, 3, 352, 448), batch.image_sizes)
+    with pytest.raises(ValueError, match=r"wrong dtype.*torch\.float32.*got images of dtype torch\.bfloat16"):
+        deployed(batch.tensors.bfloat16(), batch.image_sizes)
     channels_last = deployed(batch.tensors.to(memory_format=torch.channels_last), batch.image_sizes)
     for a, b in zip(out, channels_last):
         assert torch.equal(a, b)
+
+
+class _TorchvisionNms(torch.nn.Module):
+    def forward(self, boxes, scores):
+        valid = scores > 0.1
+        keep, keep_valid = torch.ops.mrcnn.nms_fixed_tv(boxes, scores, valid, torch.zeros_like(valid).long(), 0.5, 4)
+        return keep * 2, keep_valid
+
+
+@pytest.mark.slow
+def test_check_aoti_package_rejects_python_kernel_ops(tmp_path):
+    """A package built from a graph with a Python-kernel op calls it by name: the check must see it."""
+    from torch._inductor import aoti_compile_and_package, aoti_load_package
+
+    gen = torch.Generator().manual_seed(0)
+    boxes = torch.rand(1, 8, 4, generator=gen) * 10
+    boxes[..., 2:] += boxes[..., :2] + 1
+    scores = torch.rand(1, 8, generator=gen)
+    ep = torch.export.export(_TorchvisionNms(), (boxes, scores))
+    path = aoti_compile_and_package(ep, package_path=str(tmp_path / "tv.pt2"))
+    # It does run here, where Python registered the op's kernel; a C++ process would not find it.
+    assert torch.equal(aoti_load_package(path)(boxes, scores)[0], _TorchvisionNms()(boxes, scores)[0])
+    assert export.aoti_extern_ops(path) == ["mrcnn::nms_fixed_tv"]
+    with pytest.raises(RuntimeError, match=r"calls ops C\+\+ could not run: mrcnn::nms_fixed_tv, not an aten op"):
+        export.check_aoti_package(path)
+
+
+def test_aoti_extern_ops_reads_the_package_layout(tmp_path):
+    def package(files: dict[str, str]) -> Path:
+        path = tmp_path / f"p{len(list(tmp_path.iterdir()))}.pt2"
+        with zipfile.ZipFile(path, "w") as z:
+            for name, text in files.items():
+                z.writestr(f"p/data/aotinductor/model/{name}", text)
+        return path
+
+    call = "aoti_torch_proxy_executor_call_function(proxy_executor, 0, 0, nullptr, 2, handles);"
+    nodes = {"nodes": [{"name": "buf1", "node": {"target": "aten::add.Tensor"}},
+                       {"name": "buf2", "node": {"target": "prims::convert_element_type"}}]}
+    ok = package({"a.wrapper.cpp": "void run() {}", "a.wrapper_metadata.json": '{"AOTI_DEVICE_KEY": "cpu"}'})
+    assert export.aoti_extern_ops(ok) == []
+    export.check_aoti_package(ok)
+    mixed = package({"a.wrapper.cpp": call * 2, "a.wrapper.json": json.dumps(nodes)})
+    assert export.aoti_extern_ops(mixed) == ["aten::add.Tensor", "prims::convert_element_type"]
+    # aten::add.Tensor has libtorch kernels; the prims op has Python ones only.
+    with pytest.raises(RuntimeError, match=r"prims::convert_element_type, not an aten op") as err:
+        export.check_aoti_package(mixed)
+    assert "aten::add" not in str(err.value)
+    with pytest.raises(ValueError, match="2 proxy-executor calls but no extern node"):
+        export.aoti_extern_ops(package({"a.wrapper.cpp": call * 2}))
 
 
 def _cpp_tools_missing() -> str | None:

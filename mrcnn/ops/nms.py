@@ -3,13 +3,17 @@
 ``nms_fixed`` solves G independent NMS problems of N candidates each and returns exactly
 ``max_out`` indices per problem, padded, plus a ``keep_valid`` mask. The kept set and its order
 are those of ``torchvision.ops.batched_nms`` on the valid candidates of each problem.
+
+Its two forms are two operators: ``mrcnn::nms_fixed`` (the pure-tensor fixed point, a
+``CompositeImplicitAutograd`` op that decomposes into aten ops) and ``mrcnn::nms_fixed_tv``
+(torchvision's kernel behind a fake kernel).
 """
 
 import torch
 import torchvision
 from torch import Tensor
 
-from ._library import resolve_impl
+from ._library import define_composite, resolve_impl
 
 
 def nms_fixed(
@@ -61,7 +65,7 @@ def nms_fixed(
         if groups is None:
             groups = torch.zeros_like(scores, dtype=torch.int64)
         return torch.ops.mrcnn.nms_fixed_tv(boxes, scores, valid, groups, float(iou_threshold), max_out)
-    return _nms_fixed_tensor(boxes, scores, valid, groups, float(iou_threshold), max_out, iterations)
+    return torch.ops.mrcnn.nms_fixed(boxes, scores, valid, groups, float(iou_threshold), max_out, iterations)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -136,11 +140,12 @@ def _nms_fixed_tensor(
     max_out: int,
     iterations: int,
 ) -> tuple[Tensor, Tensor]:
+    """Kernel of ``mrcnn::nms_fixed``; :func:`nms_fixed` checks the arguments before calling it."""
     g, n = scores.shape
     if n == 0 or max_out == 0:
         zeros = torch.zeros((g, max_out), dtype=torch.int64, device=boxes.device)
         return zeros, zeros.to(torch.bool)
-    order, s_valid, m = _sorted_problem(boxes, scores, valid, groups, iou_threshold)
+    order, s_valid, m = _sorted_problem(boxes, scores, valid.to(torch.bool), groups, iou_threshold)
 
     # Greedy NMS is the unique fixed point of keep_i = valid_i & !any_j(M_ij & keep_j), because M
     # is strictly lower triangular. Starting from keep = valid, step t settles every candidate
@@ -161,6 +166,16 @@ def _nms_fixed_tensor(
     keep_valid = top_key > 0
     idx = order.gather(1, top_pos.clamp(max=n - 1))
     return torch.where(keep_valid, idx, torch.zeros_like(idx)), keep_valid
+
+
+# The pure-tensor form as an operator, so that graphs show one node per NMS (until decomposed) and
+# the op can be opchecked; see mrcnn/ops/_library.py.
+define_composite(
+    "nms_fixed",
+    "(Tensor boxes, Tensor scores, Tensor valid, Tensor? groups, float iou_threshold, int max_out, int iterations)"
+    " -> (Tensor keep, Tensor keep_valid)",
+    _nms_fixed_tensor,
+)
 
 
 @torch.no_grad()

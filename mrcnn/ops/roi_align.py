@@ -5,6 +5,10 @@ FPN level chosen by torchvision's ``LevelMapper`` and is pooled there with
 ``roi_align(..., aligned=False)``. The "tensor" impl gathers the bilinear neighbours from all
 levels at once, each RoI with its own level's offset, width and height, so there is no
 data-dependent branch or shape anywhere.
+
+Its two forms are two operators: ``mrcnn::multilevel_roi_align`` (the gather form, a
+``CompositeImplicitAutograd`` op that decomposes into aten ops and is differentiated through them)
+and ``mrcnn::multilevel_roi_align_tv`` (torchvision's kernels, with a registered backward op).
 """
 
 import math
@@ -12,7 +16,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._library import resolve_impl
+from ._library import define_composite, resolve_impl
 
 _LEVEL_EPS = 1e-6  # torchvision LevelMapper's eps
 
@@ -65,7 +69,9 @@ def multilevel_roi_align(
         return torch.ops.mrcnn.multilevel_roi_align_tv(
             list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level
         )
-    return _roi_align_tensor(features, boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level)
+    return torch.ops.mrcnn.multilevel_roi_align(
+        list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level
+    )
 
 
 def infer_scales(features: list[Tensor]) -> list[float]:
@@ -189,6 +195,7 @@ def _roi_align_tensor(
     canonical_scale: int,
     canonical_level: int,
 ) -> Tensor:
+    """Kernel of ``mrcnn::multilevel_roi_align``; :func:`multilevel_roi_align` checks the arguments."""
     b, r = boxes.shape[:2]
     c = features[0].shape[1]
     s, q = output_size, sampling_ratio
@@ -253,6 +260,16 @@ def _roi_align_tensor(
 
     pooled = _weighted_rows(table, index, weight)  # [B*R*S*S, C]
     return pooled.view(b, r, s, s, c).permute(0, 1, 4, 2, 3).contiguous()
+
+
+# The gather form as an operator (see mrcnn/ops/_library.py). Its kernel is the function above,
+# with the features' gradient from the aten ops it decomposes into, as before.
+define_composite(
+    "multilevel_roi_align",
+    "(Tensor[] features, Tensor boxes, float[] scales, int output_size, int sampling_ratio, int canonical_scale,"
+    " int canonical_level) -> Tensor",
+    _roi_align_tensor,
+)
 
 
 # ------------------------------------------------------------------------------------------------

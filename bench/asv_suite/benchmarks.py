@@ -1,0 +1,106 @@
+"""asv benchmarks: thin wrappers over the quick cases of :mod:`mrcnn_bench.cases`.
+
+asv runs each benchmark in a fresh process and calls ``setup`` there, so every number below is
+from a process that built its case from scratch.
+
+asv assumes lower is better. Every metric here is therefore stated in its lower-is-better form:
+seconds per call, seconds per training image (not images/s), compilations, GB, and
+``1 - AP`` (not AP), each with its unit saying so.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD, TRAIN_BATCH
+from mrcnn_bench.runner import Pipeline, Row, make_context
+
+INFERENCE = [n for n in QUICK if CASES[n].phase == "inference"]
+TRAINING = [n for n in QUICK if CASES[n].phase == "training"]
+COMPILED = [n for n in INFERENCE if CASES[n].backend == "xla" or CASES[n].compiler == "inductor"]
+
+
+def build(name: str) -> tuple[Pipeline, float]:
+    """The case built and called once; returns it and its first call's seconds (compilation included)."""
+    case = CASES[name]
+    reason = case.skip_reason()
+    if reason:
+        raise NotImplementedError(reason)  # asv reports the benchmark as skipped
+    ctx, _ = make_context(QUICK_WORKLOAD, None, seed=0, threads=len(os.sched_getaffinity(0)),
+                          need_training=case.phase == "training")
+    pipeline = Pipeline(Row(case), ctx)
+    pipeline.setup()
+    t0 = time.perf_counter()
+    pipeline.call(0)
+    return pipeline, time.perf_counter() - t0
+
+
+class Inference:
+    """Per-call latency of the quick inference cases (tiny preset, 240x320, batch 1)."""
+
+    params = INFERENCE
+    param_names = ("case",)
+    number = 1
+    repeat = (5, 10, 120.0)
+    warmup_time = 0
+    timeout = 900
+
+    def setup(self, case: str) -> None:
+        self.pipeline, self.first_s = build(case)
+
+    def time_call(self, case: str) -> None:
+        self.pipeline.call(1)
+
+    def peakmem_call(self, case: str) -> None:
+        self.pipeline.call(1)
+
+    def track_first_result(self, case: str) -> float:
+        return self.first_s
+
+    track_first_result.unit = "seconds (first call, compilation included)"
+
+
+class Compiles:
+    """Compilations after one call on each of seven image sizes in two canvas buckets (exact)."""
+
+    params = COMPILED
+    param_names = ("case",)
+    timeout = 900
+
+    def setup(self, case: str) -> None:
+        reason = CASES[case].skip_reason()
+        if reason:
+            raise NotImplementedError(reason)
+
+    def track_compilations(self, case: str) -> float:
+        from mrcnn_bench.gate import measure_case
+
+        counts = measure_case(case, QUICK_WORKLOAD.preset)
+        return float(counts.get("uncached_compile", counts.get("unique_graphs", 0)))
+
+    track_compilations.unit = "compilations"
+
+
+class Training:
+    """Training step time at batch TRAIN_BATCH (tiny preset)."""
+
+    params = TRAINING
+    param_names = ("case",)
+    number = 1
+    repeat = (3, 8, 120.0)
+    warmup_time = 0
+    timeout = 900
+
+    def setup(self, case: str) -> None:
+        self.pipeline, _ = build(case)
+
+    def time_step(self, case: str) -> None:
+        self.pipeline.call(1)
+
+    def track_seconds_per_image(self, case: str) -> float:
+        t0 = time.perf_counter()
+        self.pipeline.call(1)
+        return (time.perf_counter() - t0) / TRAIN_BATCH
+
+    track_seconds_per_image.unit = "seconds per training image (1 / throughput)"

@@ -1,0 +1,147 @@
+"""Benchmark cases: the one definition that the runner, asv, pytest-benchmark and the gate share.
+
+A :class:`Case` is one way of running the model (implementation, backend, compiler, precision,
+phase). A :class:`Workload` is what it runs on (preset, image size, images per call). A run is a
+workload times a list of cases, timed interleaved (see :mod:`mrcnn_bench.runner`).
+
+To add a case: add a :class:`Case` to :data:`CASES` (its name is derived from its fields), and, if
+it needs a new way of building the model, a branch in :func:`mrcnn_bench.runner.build_pipeline`.
+It then appears in ``mrcnn-bench run``, in asv (``bench/asv_suite``) when listed in
+:data:`QUICK`, and in the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mrcnn_bench.backends import unavailable
+
+IMPLS = ("static", "torchvision")
+COMPILERS = ("eager", "inductor", "export", "aoti")
+PRECISIONS = ("fp32", "bf16")
+PHASES = ("inference", "training")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One implementation on one backend. ``bounded`` cases run in a worker killed at the time limit."""
+
+    impl: str  # "static" (this model) | "torchvision" (the dynamic reference)
+    backend: str = "cpu"  # "cpu" | "xla" | "cuda"
+    compiler: str = "eager"  # "eager" | "inductor" (torch.compile) | "export" (.pt2) | "aoti" (AOTInductor)
+    precision: str = "fp32"  # "fp32" | "bf16" (autocast)
+    phase: str = "inference"  # "inference": latency per call | "training": SGD steps per second
+    bounded: bool = False  # may never finish (torchvision on XLA, torchvision under torch.compile)
+
+    def __post_init__(self) -> None:
+        for value, allowed, field in ((self.impl, IMPLS, "impl"), (self.compiler, COMPILERS, "compiler"),
+                                      (self.precision, PRECISIONS, "precision"), (self.phase, PHASES, "phase")):
+            if value not in allowed:
+                raise ValueError(f"case {field} {value!r} is not one of {allowed}")
+        if self.compiler in ("export", "aoti") and (self.impl != "static" or self.phase != "inference"):
+            raise ValueError("export and aoti cases exist for static inference only")
+
+    @property
+    def name(self) -> str:
+        """``impl/variant``: the non-default fields joined, e.g. static/inductor-bf16, torchvision/xla."""
+        parts = [p for p, default in ((self.backend, "cpu"), (self.compiler, "eager"), (self.precision, "fp32"))
+                 if p != default]
+        if self.phase == "training":
+            parts.append("train")
+        return f"{self.impl}/{'-'.join(parts) or 'eager'}"
+
+    def skip_reason(self) -> str | None:
+        """Why this case cannot run here (an absent backend), or None."""
+        return unavailable(self.backend)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the cases of one run share: preset, image size, how many images a call takes."""
+
+    preset: str = "tiny"
+    image_size: tuple[int, int] = (240, 320)  # fits a canvas of the tiny preset exactly (no extra padding)
+    batch_size: int = 1  # images per inference call; training steps use TRAIN_BATCH
+    images: int = 3  # distinct generated images, cycled over the rounds
+
+    def __post_init__(self) -> None:
+        if len(self.image_size) != 2 or min(self.image_size) <= 0:
+            raise ValueError(f"image_size must be (height, width) > 0, got {self.image_size}")
+        if self.batch_size < 1 or self.images < 1:
+            raise ValueError("batch_size and images must be >= 1")
+
+    @property
+    def label(self) -> str:
+        h, w = self.image_size
+        return f"{self.preset} {h}x{w} b{self.batch_size}"
+
+
+TRAIN_BATCH = 2  # images per training step (the issue's throughput setting)
+
+_ALL = (
+    Case("torchvision"),
+    Case("static"),
+    Case("static", compiler="inductor"),
+    Case("static", compiler="inductor", precision="bf16"),
+    Case("static", backend="xla"),
+    Case("static", compiler="export"),
+    Case("static", compiler="aoti"),
+    Case("torchvision", compiler="inductor", bounded=True),
+    Case("torchvision", backend="xla", bounded=True),
+    Case("torchvision", backend="cuda"),
+    Case("static", backend="cuda"),
+    Case("static", backend="cuda", compiler="inductor"),
+    Case("static", backend="cuda", compiler="inductor", precision="bf16"),
+    Case("torchvision", phase="training"),
+    Case("static", phase="training"),
+    Case("static", compiler="inductor", phase="training"),
+    Case("static", backend="xla", phase="training"),
+    Case("torchvision", backend="cuda", phase="training"),
+    Case("static", backend="cuda", phase="training"),
+)
+CASES: dict[str, Case] = {c.name: c for c in _ALL}
+REFERENCE = "torchvision/eager"  # the oracle: latency ratios and parity are against it
+TRAIN_REFERENCE = "torchvision/train"
+
+# The quick cases (asv, pytest-benchmark, CI): seconds each on the tiny preset.
+QUICK_WORKLOAD = Workload("tiny", (240, 320), 1, 3)
+QUICK: tuple[str, ...] = ("torchvision/eager", "static/eager", "static/xla", "static/train")
+
+# The main job's default matrix per preset (inference at batch 1; training at TRAIN_BATCH).
+DEFAULT_WORKLOADS: dict[str, Workload] = {
+    "tiny": Workload("tiny", (240, 320)),
+    "coco_r50_fpn": Workload("coco_r50_fpn", (480, 640)),
+}
+# torchvision on XLA did not finish one image in 15 minutes here; under torch.compile each new size
+# cost 45 to 478 s. Bounded cases report "> limit" with the compile counts they reached.
+DEFAULT_TIME_LIMIT = {"tiny": 120.0, "coco_r50_fpn": 300.0}
+
+# The issues' speed targets: median latency (or step time) as a multiple of another case's.
+SPEED_TARGETS: dict[str, tuple[str, float]] = {
+    "static/eager": (REFERENCE, 1.0),
+    "static/inductor": (REFERENCE, 0.7),
+    "static/inductor-bf16": (REFERENCE, 0.4),
+    "static/xla": ("static/eager", 1.5),
+    "static/train": (TRAIN_REFERENCE, 1 / 1.5),  # throughput >= 1.5x torchvision's
+}
+PARITY_MIN_MATCHED = 0.90
+PARITY_MIN_MASK_IOU = 0.85
+
+
+def parse_cases(text: str | None) -> list[Case]:
+    """Comma list of case names, ``all``, ``quick``, ``inference`` or ``training`` -> cases, in order."""
+    if text is None or text.strip() in ("", "all"):
+        return list(CASES.values())
+    names: list[str] = []
+    for item in (n.strip() for n in text.split(",")):
+        if item == "quick":
+            names += QUICK
+        elif item in PHASES:
+            names += [n for n, c in CASES.items() if c.phase == item]
+        elif item:
+            names.append(item)
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
+    return [CASES[n] for n in dict.fromkeys(names)]
+

@@ -1,0 +1,65 @@
+"""``mrcnn-bench report``: one HTML dashboard over many run files (machines, commits, presets).
+
+Writes, into the output folder: each run's own report (table, plots), ``all_records.csv`` (every
+record of every run, environment included), and ``index.html`` with the merged table: one line
+per (preset, case), one column per run, cells = median seconds per call (ratio to torchvision
+eager), so records from a GPU box, a TPU VM and this CPU read side by side.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+import pandas as pd
+
+from mrcnn_bench import report, store
+
+
+def merged_frame(records: pd.DataFrame) -> pd.DataFrame:
+    """(preset, phase, case) x run: 'median s (ratio to its run's torchvision)' or the status."""
+    cells = []
+    for (run, preset), group in records.groupby(["run", "preset"], sort=False):
+        table = report.table_frame(group).set_index("row")
+        for rec in group.to_dict("records"):
+            line = table.loc[rec["row"]]
+            if rec["status"] == "ok":
+                ratio = line["ratio_vs_tv"]
+                text = f"{line['median_s']:.3g} s" + (f" ({ratio:.2f}x)" if ratio == ratio else "")
+            else:
+                text = rec["status"]
+            label = f"{run} [{rec.get('env_host', '?')}, {str(rec.get('env_commit') or '')[:8]}]"
+            cells.append({"preset": preset, "phase": rec["phase"], "case": rec["row"], "run": label, "cell": text})
+    df = pd.DataFrame.from_records(cells)
+    return df.pivot_table(index=["preset", "phase", "case"], columns="run", values="cell", aggfunc="first",
+                          sort=False).fillna("")
+
+
+def build(paths: list[str], out_dir: Path) -> list[Path]:
+    """Reports of every run file in ``paths`` plus the merged index; returns the files written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    records = store.load_records(paths)
+    written: list[Path] = []
+    links = []
+    for file in dict.fromkeys(records["file"]):
+        doc = store.load(file)
+        written += report.write(doc, out_dir)
+        env = doc["environment"]
+        links.append(f'<li><a href="{html.escape(doc["name"])}.html">{html.escape(doc["name"])}</a>: '
+                     f'{html.escape(str(env.get("cpu")))}, GPU {html.escape(str(env.get("gpu")))}, '
+                     f'commit {html.escape(str(env.get("commit"))[:10])}, {html.escape(str(env.get("date")))}</li>')
+    csv = out_dir / "all_records.csv"
+    records.drop(columns=["times_s", "reasons", "counters_end"], errors="ignore").to_csv(csv, index=False)
+    merged = merged_frame(records)
+    index = out_dir / "index.html"
+    index.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>mrcnn-bench dashboard</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:3px 6px}} th{{background:#f0f0f0}}</style></head><body>
+<h1>Static Mask R-CNN against torchvision: all runs</h1>
+<p>Median seconds per call (ratio to the same run's torchvision eager; for training rows, to torchvision's
+training step). Across commits over time, see the asv dashboard (<a href="../index.html">results/html</a>).</p>
+{merged.to_html()}
+<h2>Runs</h2><ul>{''.join(links)}</ul>
+<p>Every record, with its environment: <a href="all_records.csv">all_records.csv</a>.</p></body></html>
+""")
+    return [*written, csv, index]

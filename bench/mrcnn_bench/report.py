@@ -1,0 +1,260 @@
+"""Reports from records: the comparison table (markdown, CSV, HTML via pandas), plots, the dashboard.
+
+The table is one line per row: latency (median, IQR, ratio to torchvision eager), time to first
+result and compile time, compile counts and graph breaks, training throughput, GFLOP/s as a
+fraction of the machine's peak, peak memory, parity with torchvision, and the issue's target for
+that row with its verdict.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
+
+TABLE_COLUMNS = [
+    "row", "status", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
+    "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "parity", "target",
+]
+
+
+def _num(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
+
+
+def compiles_text(rec: dict[str, Any]) -> str:
+    """'graphs=1 breaks=0 recompiles=0' (dynamo) or 'compiles=1 fallbacks=0' (XLA), plus what the rounds added."""
+    if rec["backend"] == "xla" and not math.isnan(_num(rec["uncached_compile"])):
+        extra = _num(rec.get("uncached_compile_rounds"))
+        return (f"compiles={rec['uncached_compile']:.0f} (+{0 if math.isnan(extra) else extra:.0f} in rounds), "
+                f"fallbacks={_num(rec['fallback_ops']):.0f}")
+    if rec["compiler"] == "inductor" and not math.isnan(_num(rec["unique_graphs"])):
+        extra = _num(rec.get("unique_graphs_rounds"))
+        return (f"graphs={rec['unique_graphs']:.0f} breaks={rec['graph_breaks']:.0f} "
+                f"recompiles={_num(rec['recompiles']):.0f} (+{0 if math.isnan(extra) else extra:.0f} graphs in rounds)")
+    return ""
+
+
+def _parity_ok(rec: dict[str, Any]) -> bool:
+    return (_num(rec["parity_matched_ref"]) >= PARITY_MIN_MATCHED and _num(rec["parity_matched_other"])
+            >= PARITY_MIN_MATCHED and _num(rec["mask_iou_mean"]) >= PARITY_MIN_MASK_IOU)
+
+
+def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
+    name = rec["case"]
+    if name not in SPEED_TARGETS:
+        return ""
+    base, factor = SPEED_TARGETS[name]
+    base_med, med = medians.get(base, math.nan), _num(rec["median_s"])
+    if rec["phase"] == "training":
+        label = f">= {1 / factor:.2g}x {base} throughput"
+        if math.isnan(med) or math.isnan(base_med):
+            return f"{label}: not measured"
+        speedup = base_med / med
+        return f"{label}: {'met' if speedup >= 1 / factor - 1e-9 else 'missed'} ({speedup:.3f}x)"
+    label = f"<= {factor:g}x {'tv' if base == REFERENCE else base}"
+    if math.isnan(med) or math.isnan(base_med):
+        return f"{label}: not measured"
+    ratio = med / base_med
+    text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x)"
+    if base == REFERENCE and not _parity_ok(rec):
+        text += ", parity FAILED" if not math.isnan(_num(rec["parity_matched_ref"])) else ", parity not checked"
+    return text
+
+
+def table_frame(records: pd.DataFrame) -> pd.DataFrame:
+    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
+    recs = records.to_dict("records")
+    medians = {r["case"]: _num(r["median_s"]) for r in recs}
+    rows = []
+    for r in recs:
+        ref = TRAIN_REFERENCE if r["phase"] == "training" else REFERENCE
+        ref_med = medians.get(ref, math.nan)
+        status = r["status"] + (f": {r['detail']}" if r.get("detail") else "")
+        parity = ""
+        if not math.isnan(_num(r["parity_matched_ref"])):
+            parity = (f"{r['parity_matched_ref']:.1%} / {r['parity_matched_other']:.1%}, "
+                      f"mask IoU {_num(r['mask_iou_mean']):.3f}")
+        rows.append({
+            "row": r["row"],
+            "status": status,
+            "median_s": _num(r["median_s"]),
+            "iqr_s": _num(r["iqr_s"]),
+            "ratio_vs_tv": _num(r["median_s"]) / ref_med if ref_med == ref_med else math.nan,
+            "images_per_s": _num(r["images_per_s"]),
+            "first_result_s": _num(r["first_result_s"]),
+            "compile_s": _num(r["compile_s"]),
+            "compiles": compiles_text(r),
+            "gflops_s": _num(r["gflops_s"]),
+            "frac_peak": _num(r["frac_peak"]),
+            "peak_mem_gb": _num(r["peak_mem_gb"]),
+            "parity": parity,
+            "target": target_verdict(r, medians),
+        })
+    return pd.DataFrame.from_records(rows, columns=TABLE_COLUMNS)
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if isinstance(x, float):
+        if math.isnan(x):
+            return ""
+        return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.0f}"
+    return str(x)
+
+
+def shown_frame(doc: dict[str, Any]) -> pd.DataFrame:
+    """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
+    records = pd.DataFrame.from_records(doc["records"])
+    df = table_frame(records).astype(object)
+    for col in ("median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s", "gflops_s",
+                "frac_peak", "peak_mem_gb"):
+        df[col] = [_fmt(v) for v in df[col]]
+    limit = doc["run"].get("limit_s")
+    for i, r in enumerate(doc["records"]):
+        if r["status"] == "timeout" and not r["times_s"]:
+            df.loc[i, "median_s"] = f"> {limit:g} s"
+    return df
+
+
+def notes(doc: dict[str, Any]) -> list[str]:
+    """The lines under the table: peaks, FLOPs, load, workload, environment."""
+    run, env = doc["run"], doc["environment"]
+    out = []
+    if run.get("peaks"):
+        out.append("Peaks (GFLOP/s, best of start and end of run): "
+                   + ", ".join(f"{k} {v:.0f}" for k, v in run["peaks"].items())
+                   + ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows.")
+    flops = {r["case"]: r["flops"] for r in doc["records"] if r.get("flops")}
+    if flops:
+        out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
+                   + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
+    machine = run.get("machine_per_round") or []
+    if machine:
+        load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]
+        out.append(f"Median 1-min load average during the rounds: {load:.1f} on {env['affinity']} usable cores.")
+    w = run["workload"]
+    out.append(
+        f"Workload: preset {w['preset']}, images {w['image_size'][0]}x{w['image_size'][1]}, "
+        f"{w['batch_size']} per inference call; weights {run['weights']}; rounds {run['options']['rounds']} "
+        f"(warm-up {run['options']['warmup']}); time limit of bounded rows {run['limit_s']:g} s; "
+        f"whole run {run['total_s']:.0f} s."
+    )
+    out.append(
+        f"Environment: torch {env['torch']}, torchvision {env['torchvision']}, torch_xla {env['torch_xla']}, "
+        f"CPU {env['cpu']}, GPU {env['gpu']}, threads {env['threads']}, seed {env['seed']}, "
+        f"commit {env['commit']}{' (dirty)' if env.get('dirty') else ''}, {env['date']}."
+    )
+    return out
+
+
+def stage_frame(doc: dict[str, Any]) -> pd.DataFrame | None:
+    """``--profile``'s stage timings: seconds per implementation and the static model's share."""
+    stages = doc["run"].get("stages")
+    if not stages:
+        return None
+    df = pd.DataFrame({f"{impl}_s": times for impl, times in stages.items()})
+    df.index.name = "stage (eager, CPU, median of 3, interleaved)"
+    if "static_s" in df:
+        df["static_share"] = df["static_s"] / df["static_s"].iloc[-1]
+    return df.reset_index()
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    parts = [shown_frame(doc).to_markdown(index=False), "", *notes(doc)]
+    stages = stage_frame(doc)
+    if stages is not None:
+        parts += ["", stages.to_markdown(index=False, floatfmt=".3f")]
+    return "\n".join(parts)
+
+
+def _reasons_md(doc: dict[str, Any]) -> str:
+    lines = []
+    for r in doc["records"]:
+        reasons = r.get("reasons") or {}
+        for kind in ("graph_breaks", "recompiles"):
+            for text in reasons.get(kind, []):
+                lines.append(f"- {r['row']}: {kind.replace('_', ' ')[:-1]}: {text}")
+    return "\n".join(lines)
+
+
+def html_page(doc: dict[str, Any], plots: list[Path] | None = None) -> str:
+    """A self-contained HTML report: styled table, notes, plots, graph-break/recompile reasons."""
+    df = shown_frame(doc)
+
+    def colour(v: str) -> str:
+        if isinstance(v, str) and (v.startswith(("timeout", "error")) or "missed" in v or "FAILED" in v):
+            return "background-color: #fde2e1"
+        if isinstance(v, str) and (v.startswith("skipped")):
+            return "color: #888"
+        if isinstance(v, str) and ": met" in v:
+            return "background-color: #e3f6e3"
+        return ""
+
+    styled = df.style.map(colour, subset=["status", "target"]).hide(axis="index")
+    table = styled.set_table_attributes('class="results"').to_html()
+    imgs = "".join(f'<figure><img src="{p.name}" alt="{html.escape(p.stem)}"></figure>' for p in plots or [])
+    reasons = _reasons_md(doc)
+    reasons_html = f"<h2>Graph breaks and recompiles</h2><pre>{html.escape(reasons)}</pre>" if reasons else ""
+    notes_html = "".join(f"<p>{html.escape(n)}</p>" for n in notes(doc))
+    stages = stage_frame(doc)
+    if stages is not None:
+        notes_html += "<h2>Where the time goes</h2>" + stages.to_html(index=False, float_format="%.3f")
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(doc['name'])}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1600px}}
+table.results{{border-collapse:collapse;font-size:13px}} table.results td,table.results th{{border:1px solid #ccc;
+padding:3px 6px}} th{{background:#f0f0f0}} figure{{display:inline-block;margin:0 1em}} img{{max-width:700px}}</style>
+</head><body><h1>{html.escape(doc['name'])}: static Mask R-CNN against torchvision</h1>{table}{notes_html}
+{imgs}{reasons_html}</body></html>
+"""
+
+
+def plots(doc: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
+    """Latency per row (median with IQR, log scale) and training throughput, as PNGs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [r for r in doc["records"] if r["status"] == "ok" and r.get("median_s")]
+    paths = []
+    for phase, metric, xlabel in (("inference", "median_s", "seconds per call (median, IQR bars; log)"),
+                                  ("training", "images_per_s", "training images/s (higher is better)")):
+        rows = [r for r in recs if r["phase"] == phase]
+        if not rows:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
+        names = [r["row"] for r in rows]
+        values = [r[metric] for r in rows]
+        colours = ["#4c72b0" if r["impl"] == "static" else "#dd8452" for r in rows]
+        errors = [(r.get("iqr_s") or 0) / 2 for r in rows] if metric == "median_s" else None
+        ax.barh(names, values, xerr=errors, color=colours)
+        if metric == "median_s":
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.invert_yaxis()
+        ax.set_title(f"{doc['name']} ({phase}; blue: static, orange: torchvision)")
+        fig.tight_layout()
+        path = out_dir / f"{stem}_{phase}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def write(doc: dict[str, Any], out_dir: Path, with_plots: bool = True) -> list[Path]:
+    """DIR/<name>.md, .csv (the table) and .html (with plots). The JSON is written by the store."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    name = doc["name"]
+    md = out_dir / f"{name}.md"
+    md.write_text(f"# {name}\n\n{markdown(doc)}\n")
+    csv = out_dir / f"{name}.csv"
+    table_frame(pd.DataFrame.from_records(doc["records"])).to_csv(csv, index=False)
+    pngs = plots(doc, out_dir, name) if with_plots else []
+    page = out_dir / f"{name}.html"
+    page.write_text(html_page(doc, pngs))
+    return [md, csv, page, *pngs]

@@ -1,0 +1,56 @@
+"""The quick cases under pytest-benchmark: explicit rounds, non-time metrics in ``extra_info``.
+
+    pytest bench --benchmark-only --benchmark-json out/bench.json
+    pytest bench --benchmark-only --benchmark-storage results/pytest-benchmark --benchmark-compare \
+        --benchmark-compare-fail median:25%
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from mrcnn_bench import backends
+from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD
+from mrcnn_bench.runner import Pipeline, Row, count_flops, make_context
+
+ROUNDS = 5
+
+
+@pytest.fixture(scope="module")
+def context():
+    import torch
+
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    ctx, _ = make_context(QUICK_WORKLOAD, None, seed=0, threads=torch.get_num_threads(), need_training=True)
+    return ctx
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_case(benchmark, context, name):
+    case = CASES[name]
+    reason = case.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    pipeline = Pipeline(Row(case), context)
+    start = pipeline.counters()
+    pipeline.setup()
+    t0 = time.perf_counter()
+    pipeline.call(0)
+    first = time.perf_counter() - t0
+    warm = pipeline.counters()
+    before = backends.memory_reset(pipeline.device)
+    benchmark.pedantic(pipeline.call, args=(1,), rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    end = pipeline.counters()
+    info = benchmark.extra_info
+    info.update(case=name, workload=QUICK_WORKLOAD.label, first_result_s=first, phase=case.phase,
+                peak_mem_gb=backends.memory_peak(pipeline.device), rss_before_gb=before)
+    info.update({f"{k}_warmup": warm[k] - start.get(k, 0) for k in warm})
+    info.update({f"{k}_rounds": end[k] - warm.get(k, 0) for k in end})
+    if case.backend == "cpu" and case.compiler == "eager":
+        info["flops"] = count_flops(lambda: pipeline.call(2))
+    # A compiled case must not compile again once warm: the benchmark is void if it did.
+    assert end.get("uncached_compile", 0) == warm.get("uncached_compile", 0), (warm, end)
+    assert end.get("unique_graphs", 0) == warm.get("unique_graphs", 0), (warm, end)

@@ -1,0 +1,316 @@
+"""The harness: cases, parity statistics, the runner's run file and tables, the bounded worker,
+file comparison, the dashboard, and the gate's exact compile check (with an injected recompile)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrcnn.parity import match_detections
+from mrcnn_bench import ab, cli, gate, report, store
+from mrcnn_bench.cases import CASES, Case, Workload, parse_cases
+from mrcnn_bench.parity import aggregate_parity, parity_stats
+from mrcnn_bench.profile import STAGES, stage_times
+from mrcnn_bench.runner import Row, RowTimeout, Variant, WorkerRow, compact, save_context
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _dets(boxes, labels, scores, size=(40, 50)) -> dict[str, torch.Tensor]:
+    boxes = torch.tensor(boxes, dtype=torch.float32)
+    masks = torch.zeros(len(boxes), 1, *size)
+    for i, (x1, y1, x2, y2) in enumerate(boxes.int().tolist()):
+        masks[i, 0, y1:y2, x1:x2] = 0.9
+    return {"boxes": boxes, "labels": torch.tensor(labels), "scores": torch.tensor(scores), "masks": masks}
+
+
+REF = _dets([[0, 0, 20, 20], [10, 10, 40, 30], [5, 20, 25, 38]], [1, 2, 1], [0.9, 0.8, 0.6])
+
+
+# ------------------------------------------------------------------------------------------------
+# Cases
+
+
+def test_case_names_and_parsing():
+    assert Case("static", compiler="inductor", precision="bf16").name == "static/inductor-bf16"
+    assert Case("torchvision", backend="xla").name == "torchvision/xla"
+    assert Case("static", compiler="inductor", phase="training").name == "static/inductor-train"
+    assert [c.name for c in parse_cases("static/eager,quick")][:2] == ["static/eager", "torchvision/eager"]
+    assert all(c.phase == "training" for c in parse_cases("training"))
+    with pytest.raises(ValueError, match=r"unknown case\(s\) \['static/nope'\]"):
+        parse_cases("static/eager,static/nope")
+    with pytest.raises(ValueError, match="export and aoti cases exist for static inference only"):
+        Case("torchvision", compiler="aoti")
+    with pytest.raises(ValueError, match="image_size"):
+        Workload("tiny", (0, 10))
+
+
+def test_absent_backend_has_a_reason():
+    reason = CASES["static/cuda"].skip_reason()
+    assert (reason is None) == torch.cuda.is_available()
+    if reason:
+        assert reason == "no CUDA device"
+
+
+# ------------------------------------------------------------------------------------------------
+# Parity
+
+
+def test_identical_detections_match_fully():
+    s = parity_stats(REF, {k: v.clone() for k, v in REF.items()})
+    assert (s["num_ref"], s["num_other"], s["matched"]) == (3, 3, 3)
+    assert s["matched_ref"] == s["matched_other"] == 1.0
+    assert s["mask_iou_min"] == s["mask_iou_mean"] == 1.0
+
+
+@pytest.mark.parametrize(("key", "index", "change"), [
+    ("boxes", 1, torch.tensor([4.0, 0.0, 4.0, 0.0])),  # IoU 26/34 < 0.9
+    ("labels", 0, 2),
+    ("scores", 2, -0.03),  # beyond the 0.02 score tolerance
+])
+def test_a_changed_detection_is_unmatched(key, index, change):
+    other = {k: v.clone() for k, v in REF.items()}
+    other[key][index] += change
+    assert parity_stats(REF, other)["matched"] == 2
+
+
+def test_boolean_masks_and_aggregation():
+    other = compact([REF])[0]  # what the harness keeps of each timed output
+    assert other["masks"].dtype == torch.bool
+    assert match_detections(REF, other).min_mask_iou == 1.0
+    empty = {k: v[:0] for k, v in REF.items()}
+    agg = aggregate_parity([parity_stats(REF, other), parity_stats(REF, empty)])
+    assert agg["matched_ref"] == pytest.approx(0.5) and agg["matched_other"] == 1.0
+    assert aggregate_parity([parity_stats(empty, empty)])["matched_ref"] == 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# The main job: run file, tables, dashboard
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_weights):
+    """One small run of the CLI (two inference rows, one training row, one absent backend)."""
+    tmp = tmp_path_factory.mktemp("run")
+    weights = tmp / "weights.pt"
+    torch.save(tiny_weights, weights)
+    code = cli.main([
+        "run", "--preset", "tiny", "--cases", "torchvision/eager,static/eager,static/train,static/cuda",
+        "--rounds", "3", "--images", "1", "--weights", str(weights), "--out", str(tmp / "out"), "--name", "t",
+        "--no-progress", "--peak-reps", "1",
+    ])
+    assert code == 0
+    return tmp / "out"
+
+
+def test_run_writes_records_with_environment(run_dir):
+    doc = store.load(run_dir / "t.json")
+    recs = {r["row"]: r for r in doc["records"]}
+    static = recs["static/eager"]
+    assert static["status"] == "ok" and len(static["times_s"]) == 3
+    assert static["parity_matched_ref"] == 1.0 and static["parity_matched_other"] == 1.0
+    assert static["flops"] > 1e9 and static["peak_mem_gb"] > 0.1
+    assert recs["static/train"]["images_per_s"] > 0 and math.isfinite(recs["static/train"]["final_loss"])
+    assert recs["static/cuda"]["status"] == ("ok" if torch.cuda.is_available() else "skipped")
+    for r in doc["records"]:  # every record carries where it came from
+        assert r["env_torch"] == torch.__version__ and r["env_threads"] >= 1 and r["env_seed"] == 0
+        assert "env_commit" in r and "env_cpu" in r and "env_gpu" in r
+    assert doc["run"]["peaks"]["matmul_fp32"] > 0
+
+
+def test_run_tables_and_html(run_dir):
+    md = (run_dir / "t.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| row"))
+    for column in ("ratio_vs_tv", "median_s", "images_per_s", "compiles", "frac_peak", "parity", "target"):
+        assert column in header
+    if not torch.cuda.is_available():
+        assert "skipped: no CUDA device" in md
+    assert "100.0% / 100.0%" in md  # static/eager against torchvision, both directions
+    assert "<table" in (run_dir / "t.html").read_text()
+    assert (run_dir / "t_inference.png").stat().st_size > 1000
+    assert "ratio_vs_tv" in (run_dir / "t.csv").read_text()
+
+
+def test_dashboard_merges_runs(run_dir, tmp_path):
+    second = json.loads((run_dir / "t.json").read_text())
+    second["name"] = "t_other_machine"
+    for r in second["records"]:
+        r["env_host"] = "gpu-box"
+    (tmp_path / "t2.json").write_text(json.dumps(second))
+    files = [str(run_dir / "t.json"), str(tmp_path / "t2.json")]
+    assert cli.main(["report", *files, "--out", str(tmp_path / "html")]) == 0
+    index = (tmp_path / "html" / "index.html").read_text()
+    assert "gpu-box" in index and "static/eager" in index and "t_other_machine.html" in index
+
+
+def test_timeout_and_skip_are_shown():
+    rec = {"row": "torchvision/xla", "case": "torchvision/xla", "phase": "inference", "status": "timeout",
+           "detail": "> 1 s (in first call, UncachedCompile=12)", "times_s": [], "backend": "xla",
+           "compiler": "eager", "impl": "torchvision"}
+    rec.update({k: None for k in ("median_s", "iqr_s", "images_per_s", "first_result_s", "compile_s",
+                                  "uncached_compile", "gflops_s", "frac_peak", "peak_mem_gb", "unique_graphs",
+                                  "parity_matched_ref", "parity_matched_other", "mask_iou_mean")})
+    doc = {"records": [rec], "run": {"limit_s": 1.0}}
+    shown = report.shown_frame(doc)
+    assert shown.loc[0, "median_s"] == "> 1 s"
+    assert "UncachedCompile=12" in shown.loc[0, "status"]
+
+
+def test_unknown_case_and_bad_options_are_clear_errors(capsys):
+    assert cli.main(["run", "--cases", "static/nope"]) == 2
+    assert "unknown case(s) ['static/nope']" in capsys.readouterr().err
+    assert cli.main(["run", "--preset", "nope"]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert cli.main(["run", "--set", "no_such_field=1"]) == 2
+    assert "unknown config field" in capsys.readouterr().err
+    assert cli.main(["compare", "missing_a.json", "missing_b.json"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------
+# compare A B on stored runs
+
+
+def _records(times: list[float], **extra) -> list[dict]:
+    return [{"case": "static/eager", "status": "ok", "times_s": times, "median_s": sorted(times)[len(times) // 2],
+             "unique_graphs": 1, **extra}]
+
+
+def test_compare_flags_a_slowdown_and_exact_changes():
+    a = [0.30 + 0.001 * (i % 5) for i in range(20)]
+    b = [t * 1.15 for t in a]
+    table = ab.compare_records(_records(a), _records(b, unique_graphs=2), paired=False)
+    line = table.iloc[0]
+    assert bool(line["regression"]) and line["ratio_b_over_a"] == pytest.approx(1.15, rel=0.01)
+    assert "REGRESSION" in line["verdict"] and "unique_graphs 1 -> 2" in line["exact_changes"]
+    same = ab.compare_records(_records(a), _records(list(reversed(a))), paired=False).iloc[0]
+    assert not same["regression"] and same["exact_changes"] == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# The bounded worker
+
+
+def test_worker_is_killed_at_its_time_limit(tmp_path, tiny_weights):
+    """A variant whose code hangs while building its config: the worker is killed at the limit."""
+    code = tmp_path / "code"
+    (code / "mrcnn").mkdir(parents=True)
+    (code / "mrcnn" / "__init__.py").write_text("")
+    (code / "mrcnn" / "config.py").write_text("import time\n\ndef get_config(*a, **k):\n    time.sleep(600)\n")
+    from mrcnn_bench.runner import Context
+
+    ctx = Context("tiny", {}, Workload(), {}, [], [], 1, 0)
+    save_context(ctx, tmp_path)
+    row = WorkerRow(Row(Case("static"), Variant("A", str(code))), tmp_path, limit=3.0)
+    start = time.monotonic()
+    with pytest.raises(RowTimeout, match=r"> 3 s \(in setup"):
+        row.setup()
+    assert time.monotonic() - start < 60
+    assert row.proc is not None and row.proc.poll() is not None  # the worker is gone
+    row.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# Stage profile (a fake clock: no timing in the assertions)
+
+
+class _Tick(torch.nn.Module):
+    """Advances the fake clock by ``cost`` then runs its children."""
+
+    def __init__(self, clock: list[float], cost: float = 0.0, **children: torch.nn.Module) -> None:
+        super().__init__()
+        self.clock, self.cost = clock, cost
+        for name, child in children.items():
+            self.add_module(name, child)
+
+    def forward(self, x):
+        self.clock[0] += self.cost
+        for child in self.children():
+            x = child(x)
+        return x
+
+
+def test_stage_times_split_a_call_into_stages():
+    clock = [0.0]
+    t = lambda cost=0.0, **kw: _Tick(clock, cost, **kw)  # noqa: E731
+    model = t(backbone=t(body=t(2.0), fpn=t(1.0)), rpn=t(1.0, head=t(2.0)),
+              roi_heads=t(1.0, box_head=t(), box_predictor=t(), mask_head=t(2.0), mask_predictor=t()))
+
+    def call():
+        clock[0] += 3.0  # outside the network
+        model(0)
+
+    times = stage_times({"toy": (model, call)}, reps=1, clock=lambda: clock[0])["toy"]
+    assert [label for label, *_ in STAGES] == list(times)
+    assert times["backbone: ResNet body"] == 2.0 and times["RPN head (convs)"] == 2.0
+    assert times["RPN rest: anchors, top-k, decode, NMS"] == 1.0 and times["mask head (convs)"] == 2.0
+    assert times["outside the network: resize, pad, box rescale, mask paste"] == 3.0
+    assert times["total, end to end"] == 12.0
+
+
+# ------------------------------------------------------------------------------------------------
+# The gate
+
+
+SAMPLE_XLA_LOG = textwrap.dedent("""\
+    mrcnn-bench gate: call 2 on image (250, 300) -> model input [1, 3, 320, 384]
+    Compilation Analysis: ================================================================================
+    Compilation Analysis: Compilation Cause
+    Compilation Analysis:   user torch_xla.sync
+    Compilation Analysis: Graph Info:
+    Compilation Analysis:   Graph Hash: abc123
+    Compilation Analysis:   Number of Graph Inputs: 1
+    Compilation Analysis: Python Frame Triggered Execution:
+    Compilation Analysis:   sync (/site-packages/torch_xla/torch_xla.py:87)
+    Compilation Analysis:   run (/repo/bench/mrcnn_bench/runner.py:277)
+    Compilation Analysis: --------------------------------------------------------------------------------
+    """)
+
+
+def test_gate_failure_messages_name_metric_change_and_cause():
+    causes = gate.xla_compile_causes(SAMPLE_XLA_LOG)
+    assert causes == [{"cause": ["user torch_xla.sync"], "graph_hash": "abc123",
+                       "frames": ["sync (/site-packages/torch_xla/torch_xla.py:87)",
+                                  "run (/repo/bench/mrcnn_bench/runner.py:277)"],
+                       "during": "call 2 on image (250, 300) -> model input [1, 3, 320, 384]"}]
+    base = {"uncached_compile": 2, "flops": 10.0, "per_call": [{"image": [240, 320], "uncached_compile": 1},
+                                                                {"image": [250, 300], "uncached_compile": 1}],
+            "xla_causes": []}
+    now = {"uncached_compile": 3, "flops": 10.0, "xla_causes": causes,
+           "per_call": [{"image": [240, 320], "uncached_compile": 1}, {"image": [250, 300], "uncached_compile": 2}]}
+    (msg,) = gate.compile_failures("static/xla", base, now)
+    assert msg.startswith("static/xla: uncached_compile rose from 2 to 3 (+1)")
+    assert "after the call on image [250, 300]" in msg and "model input [1, 3, 320, 384]" in msg
+    assert "runner.py:277" in msg
+    assert gate.compile_failures("static/xla", base, base) == []
+    dyn = gate.compile_failures("static/inductor", {"graph_breaks": 0}, {
+        "graph_breaks": 1, "reasons": {"graph_breaks": ["data-dependent branch (model.py:40)"], "recompiles": []}})
+    assert dyn == ["static/inductor: graph_breaks rose from 0 to 1 (+1)\n    graph break: data-dependent branch "
+                   "(model.py:40)"]
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_gate_fails_on_an_injected_recompile(tmp_path):
+    """The real gate on static/xla: flat over seven sizes, then failing when images are padded tightly."""
+    pytest.importorskip("torch_xla")
+    baseline = tmp_path / "gate.json"
+    base_cmd = [sys.executable, "-m", "mrcnn_bench.gate", "--cases", "static/xla", "--accuracy", "none",
+                "--baseline", str(baseline)]
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    subprocess.run([*base_cmd, "--write-baseline"], check=True, env=env, cwd=REPO, capture_output=True)
+    counts = json.loads(baseline.read_text())["cases"]["static/xla"]
+    assert counts["uncached_compile"] == 2 and counts["fallback_ops"] == 0  # one per canvas bucket
+    fault = subprocess.run([*base_cmd, "--inject", "recompile"], env=env, cwd=REPO, capture_output=True, text=True)
+    assert fault.returncode == 1, fault.stdout + fault.stderr
+    assert "GATE FAILED" in fault.stdout and "static/xla: uncached_compile rose from 2 to" in fault.stdout
+    assert "XLA compiled a new graph" in fault.stdout and "model input [1, 3, 320, 384]" in fault.stdout

@@ -1,0 +1,133 @@
+"""The latency gate's decision rule (mrcnn_bench.stats) and the slowdown knob it is measured with."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mrcnn.config import get_config
+from mrcnn.model import MaskRCNN
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights, textured_images
+from mrcnn_bench.stats import compare_latency, min_p_value
+
+
+def _interleaved(rounds: int, slowdown: float, seed: int, drift: float = 0.0, noise: float = 0.03):
+    """Timings of A and B per round: a shared per-round drift (the machine) times independent noise."""
+    rng = np.random.default_rng(seed)
+    machine = 0.3 * np.exp(drift * rng.standard_normal(rounds))
+    a = machine * np.exp(noise * rng.standard_normal(rounds))
+    b = machine * (1 + slowdown) * np.exp(noise * rng.standard_normal(rounds))
+    return a.tolist(), b.tolist()
+
+
+@pytest.mark.parametrize("rule", ["paired", "unpaired"])
+def test_clear_regression_is_flagged(rule):
+    a, b = _interleaved(25, slowdown=0.20, seed=1)
+    v = compare_latency(a, b, threshold=0.05, alpha=0.01, rule=rule)
+    assert v.regression
+    assert v.p_wilcoxon < 0.01 and v.p_mannwhitney < 0.01
+    assert 1.15 < v.ratio < 1.25 and 1.15 < v.paired_ratio < 1.25
+    assert v.ci_low < v.estimate < v.ci_high
+    assert v.ci_low > 1.05
+
+
+def test_pairing_sees_through_drift():
+    """Drift of 15% between rounds hides a 10% slowdown from the unpaired test, not from the paired one."""
+    verdicts = [compare_latency(*_interleaved(15, slowdown=0.10, seed=s, drift=0.15, noise=0.02)) for s in range(20)]
+    assert all(v.regression and v.regression_by("paired") for v in verdicts)
+    assert sum(v.regression_by("unpaired") for v in verdicts) <= 5
+    a, b = _interleaved(15, slowdown=0.10, seed=0, drift=0.15, noise=0.02)
+    assert compare_latency(a, b, rule="unpaired").regression == compare_latency(a, b).regression_by("unpaired")
+
+
+@pytest.mark.parametrize("rule", ["paired", "unpaired"])
+def test_same_distribution_is_not_flagged(rule):
+    flagged = [compare_latency(*_interleaved(15, 0.0, seed, drift=0.1), rule=rule).regression for seed in range(50)]
+    assert sum(flagged) <= 1
+    a = [0.3] * 10
+    v = compare_latency(a, a, rule=rule)
+    assert not v.regression and v.p_wilcoxon == 1.0 and v.ratio == 1.0
+
+
+@pytest.mark.parametrize("rule", ["paired", "unpaired"])
+def test_improvement_is_not_a_regression(rule):
+    a, b = _interleaved(25, slowdown=-0.20, seed=3)
+    v = compare_latency(a, b, rule=rule)
+    assert not v.regression
+    assert v.ratio < 0.9 and v.p_wilcoxon > 0.99 and v.p_mannwhitney > 0.99
+
+
+def test_small_significant_slowdown_below_threshold_is_not_flagged():
+    a, b = _interleaved(25, slowdown=0.02, seed=4, noise=0.002)
+    v = compare_latency(a, b, threshold=0.05)
+    assert v.p_wilcoxon < 0.01 and not v.regression
+    assert compare_latency(a, b, threshold=0.01).regression
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "match"),
+    [
+        ([], [], "non-empty"),
+        ([0.3] * 10, [0.3] * 9, "one timing per round"),
+        ([0.3] * 10, [0.3] * 9 + [0.0], "finite and positive"),
+        ([0.3] * 10, [0.3] * 9 + [float("nan")], "finite and positive"),
+        ([[0.3] * 10], [[0.3] * 10], "non-empty sequence"),
+        ([0.3] * 6, [0.4] * 6, "too few"),
+    ],
+)
+def test_bad_input_is_rejected(a, b, match):
+    with pytest.raises(ValueError, match=match):
+        compare_latency(a, b)
+
+
+def test_bad_parameters_are_rejected():
+    a, b = _interleaved(10, 0.0, seed=5)
+    with pytest.raises(ValueError, match="rule"):
+        compare_latency(a, b, rule="t-test")
+    with pytest.raises(ValueError, match="alpha"):
+        compare_latency(a, b, alpha=0.0)
+    with pytest.raises(ValueError, match="threshold"):
+        compare_latency(a, b, threshold=-0.1)
+
+
+def test_min_p_value():
+    assert min_p_value("paired", 7) == pytest.approx(1 / 128)
+    assert min_p_value("unpaired", 3) == pytest.approx(1 / 20)
+    # Seven rounds are the fewest for which the paired test can reach alpha = 0.01.
+    compare_latency(*_interleaved(7, 0.0, seed=6))
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5, float("nan")])
+def test_inject_slowdown_validation(value):
+    with pytest.raises(ValueError, match="inject_slowdown"):
+        get_config("tiny", inject_slowdown=value)
+
+
+def test_inject_slowdown_keeps_outputs(tiny_cfg, tiny_weights):
+    batch = to_image_batch(textured_images(((256, 256),), seed=1), tiny_cfg)
+    outputs = []
+    for slowdown in (0.0, 0.1, 0.6):  # 0.6 also exercises a whole extra pass of the body plus a strip
+        model = load_torchvision_weights(MaskRCNN(tiny_cfg.replace(inject_slowdown=slowdown)).eval(), tiny_weights)
+        with torch.no_grad():
+            outputs.append(model(batch))
+    assert int(outputs[0].valid.sum()) > 10
+    for out in outputs[1:]:
+        for field, x, y in zip(out._fields, outputs[0], out):
+            assert torch.equal(x, y), field
+
+
+def test_inject_slowdown_does_extra_body_work(tiny_cfg, tiny_weights, monkeypatch):
+    """The knob runs the ResNet body again over a strip of rows sized by the fraction (not a sleep)."""
+    model = load_torchvision_weights(MaskRCNN(tiny_cfg.replace(inject_slowdown=0.1)).eval(), tiny_weights)
+    heights = []
+    model.backbone.body.register_forward_pre_hook(lambda _m, args: heights.append(args[0].shape[-2]))
+    batch = to_image_batch(textured_images(((240, 320),), seed=1), tiny_cfg)
+    with torch.no_grad():
+        model(batch)
+    assert heights[0] == 320 and len(heights) == 2 and 0 < heights[1] < 320
+    model.train()
+    heights.clear()
+    assert model._injected_work(batch.tensors).item() == 0.0
+    assert len(heights) == 1
