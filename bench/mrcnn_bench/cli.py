@@ -57,6 +57,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coco-root", default=None,
                    help="COCO 2017 root (annotations/instances_val2017.json, val2017/): its images instead of "
                         "generated ones")
+    p.add_argument("--eval", dest="eval_images", type=int, default=0, metavar="N",
+                   help="also COCO box/mask AP of static/eager and torchvision/eager on N images of the "
+                        "evaluation set (--coco-root's val2017, else generated synthetic val images)")
+    p.add_argument("--eval-root", default=None, help="COCO-layout root of the evaluation set (default: --coco-root)")
+    p.add_argument("--eval-split", default=None, help="its split (default: val2017, or val for --eval-root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override,
                    metavar="KEY=VALUE", help="config override for every row (repeatable)")
     p.add_argument("--reuse-compile-cache", action="store_true",
@@ -72,8 +77,8 @@ def run_options(args: argparse.Namespace, rows=None):
     from mrcnn.config import get_config
     from mrcnn_bench.runner import Row, RunOptions
 
-    if args.rounds < 0 or args.warmup < 1 or args.images < 1 or args.batch_size < 1:
-        raise ValueError("--rounds must be >= 0, and --warmup, --images and --batch-size >= 1")
+    if args.rounds < 0 or args.warmup < 1 or args.images < 1 or args.batch_size < 1 or args.eval_images < 0:
+        raise ValueError("--rounds and --eval must be >= 0, and --warmup, --images and --batch-size >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
     if args.time_limit is not None and args.time_limit <= 0:
@@ -98,6 +103,9 @@ def run_options(args: argparse.Namespace, rows=None):
         peak_reps=args.peak_reps,
         flops=not args.no_flops,
         profile=args.profile,
+        eval_images=args.eval_images,
+        eval_root=args.eval_root or args.coco_root,
+        eval_split=args.eval_split or ("val" if args.eval_root else "val2017"),
     )
 
 

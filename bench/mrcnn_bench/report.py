@@ -19,7 +19,7 @@ from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE
 
 TABLE_COLUMNS = [
     "row", "status", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
-    "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "parity", "target",
+    "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap", "parity", "target",
 ]
 
 
@@ -93,6 +93,8 @@ def table_frame(records: pd.DataFrame) -> pd.DataFrame:
             "gflops_s": _num(r["gflops_s"]),
             "frac_peak": _num(r["frac_peak"]),
             "peak_mem_gb": _num(r["peak_mem_gb"]),
+            "box_ap": _num(r.get("box_ap")),
+            "mask_ap": _num(r.get("mask_ap")),
             "parity": parity,
             "target": target_verdict(r, medians),
         })
@@ -112,7 +114,7 @@ def shown_frame(doc: dict[str, Any]) -> pd.DataFrame:
     records = pd.DataFrame.from_records(doc["records"])
     df = table_frame(records).astype(object)
     for col in ("median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s", "gflops_s",
-                "frac_peak", "peak_mem_gb"):
+                "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
     limit = doc["run"].get("limit_s")
     for i, r in enumerate(doc["records"]):
@@ -129,10 +131,14 @@ def notes(doc: dict[str, Any]) -> list[str]:
         out.append("Peaks (GFLOP/s, best of start and end of run): "
                    + ", ".join(f"{k} {v:.0f}" for k, v in run["peaks"].items())
                    + ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows.")
-    flops = {r["case"]: r["flops"] for r in doc["records"] if r.get("flops")}
+    flops = {r["case"]: r["flops"] for r in doc["records"] if not math.isnan(_num(r.get("flops")))}
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
+    evaluated = [r for r in doc["records"] if r.get("eval_images")]
+    if evaluated:
+        out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0]['eval_images']} images of the "
+                   f"evaluation set, with this run's weights.")
     machine = run.get("machine_per_round") or []
     if machine:
         load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]

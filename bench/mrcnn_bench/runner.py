@@ -218,6 +218,7 @@ class Pipeline:
         self.model: torch.nn.Module | None = None
         self._deploy: Any = None
         self._fn: Callable[[int], Any] | None = None
+        self._infer: Callable[[list[Tensor]], list[dict[str, Tensor]]] | None = None
 
     def setup(self) -> None:
         case, ctx = self.case, self.ctx
@@ -249,12 +250,17 @@ class Pipeline:
             forward = torch.compile(model, fullgraph=case.impl == "static")
         else:
             forward = model
-        run = (self._torchvision_inference if case.impl == "torchvision" else self._static_inference)(forward)
-        self._fn = lambda index: run(ctx.call_images(index))
+        self._infer = (self._torchvision_inference if case.impl == "torchvision" else self._static_inference)(forward)
+        self._fn = lambda index: self.infer(ctx.call_images(index))
 
     def call(self, index: int) -> Any:
         assert self._fn is not None, "setup() first"
         return self._fn(index)
+
+    def infer(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
+        """Inference cases: any list of images -> compact torchvision-style outputs."""
+        assert self._infer is not None, "an inference case, after setup()"
+        return self._infer(images)
 
     def counters(self) -> dict[str, float]:
         """Compile counters of this row's backend (process-wide, absolute)."""
@@ -592,6 +598,7 @@ class RowResult:
     counters_end: dict[str, float] = field(default_factory=dict)
     counters_rounds: dict[str, float] = field(default_factory=dict)  # summed over the timed calls only
     reasons: dict[str, list[str]] = field(default_factory=dict)  # dynamo's graph-break / recompile reasons
+    accuracy: dict[str, float] = field(default_factory=dict)  # COCO metrics (--eval)
     parity: list[dict[str, Any]] = field(default_factory=list)
     peak_mem_gb: float = math.nan
     call_mem_gb: float = math.nan
@@ -616,6 +623,9 @@ class RunOptions:
     peak_reps: int = 5
     flops: bool = True
     profile: bool = False
+    eval_images: int = 0  # COCO mAP of the eager rows on this many images of the evaluation set
+    eval_root: str | None = None  # COCO-layout root for it (default: a generated synthetic val set)
+    eval_split: str = "val2017"
 
 
 _T0 = time.monotonic()
@@ -743,6 +753,8 @@ def run(opts: RunOptions) -> dict[str, Any]:
         for r in active:
             if r.row.case.compiler == "inductor" and not r.row.in_worker:
                 r.reasons = backends.dynamo_reasons()
+        if opts.eval_images:
+            evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts)
 
     peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
     if opts.flops:
@@ -783,3 +795,33 @@ def _count_flops(results: list[RowResult], ctx: Context) -> None:
                 log(f"FLOP count of {r.row.name} failed:\n{traceback.format_exc()}")
                 cache[key] = math.nan
         r.flops = cache[key]
+
+
+EVAL_CASES = ("static/eager", "torchvision/eager")
+
+
+def evaluate_rows(results: list[RowResult], runners: dict[str, Any], ctx: Context, opts: RunOptions) -> None:
+    """COCO box and mask AP (pycocotools) of the eager inference rows on ``opts.eval_images`` images."""
+    from mrcnn.data.coco import CocoDataset
+    from mrcnn.evaluate import CocoEvaluator
+
+    with contextlib.ExitStack() as stack:
+        root, split = opts.eval_root, opts.eval_split
+        if root is None:  # the synthetic data set's val split, generated for this run
+            from mrcnn.data.synthetic import generate
+
+            root, split = stack.enter_context(tempfile.TemporaryDirectory(prefix="mrcnn_bench_val_")), "val"
+            generate(root, opts.eval_images, seed=10_000 + ctx.seed, split=split, progress=False)
+        dataset = CocoDataset.from_config(root, split, ctx.config(Variant()))
+        count = min(opts.eval_images, len(dataset))
+        for r in results:
+            if r.row.case.name not in EVAL_CASES or r.row.in_worker:
+                continue
+            log(f"{r.row.name}: COCO evaluation on {count} images of {root} ({split})")
+            pipeline = runners[r.row.name].pipeline
+            evaluator = CocoEvaluator(dataset.coco, dataset.label_to_category_id)
+            for i in range(count):
+                image, target = dataset[i]
+                evaluator.update(pipeline.infer([image.float() / 255]), [int(target["image_id"])])
+            metrics = evaluator.summarize()
+            r.accuracy = {"box_ap": metrics["bbox/AP"], "mask_ap": metrics["segm/AP"], "eval_images": count}

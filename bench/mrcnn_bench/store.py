@@ -151,8 +151,9 @@ def record(r: RowResult, run: dict[str, Any], env: dict[str, Any]) -> dict[str, 
         "mask_iou_mean": par["mask_iou_mean"] if par else math.nan,
         "mask_iou_min": par["mask_iou_min"] if par else math.nan,
         "final_loss": r.losses[-1] if r.losses else math.nan,
-        "box_ap": math.nan,
-        "mask_ap": math.nan,
+        "box_ap": r.accuracy.get("box_ap", math.nan),
+        "mask_ap": r.accuracy.get("mask_ap", math.nan),
+        "eval_images": r.accuracy.get("eval_images", 0),
         **{f"env_{k}": v for k, v in env.items()},
     }
 
