@@ -10,6 +10,10 @@ import sys
 COMMANDS = {
     "synth": ("mrcnn.data.synthetic", "write the synthetic COCO-format data set"),
     "train": ("mrcnn.train", "train the static model: SGD + warm-up, AMP, DDP (torchrun), exact resume, COCO eval"),
+    "accuracy-gate": (
+        "mrcnn.accuracy",
+        "train the ci recipe (or evaluate a checkpoint) and fail when box or mask AP is below the stored baseline",
+    ),
     "export": ("mrcnn.export", "torch.export / AOTInductor package of the static model for one canvas"),
 }
 

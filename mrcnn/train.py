@@ -10,6 +10,11 @@ reference's ``MultiStepLR`` does) and the schedule does not depend on where a ru
     factor(it) = warmup(it) * gamma ** (number of milestones <= it)
     warmup(it) = warmup_factor + (1 - warmup_factor) * it / warmup_iters   for it < warmup_iters, else 1
 
+``optimizer="adamw"`` swaps SGD for AdamW under the same schedule, ``clip_grad_norm`` clips the
+global gradient norm before each step, and ``init="zero_residual"`` zeroes the last convolution of
+each residual block of a randomly initialised backbone; the from-scratch recipes
+(:mod:`mrcnn.recipes`) use the first two.
+
 Runs are step-counted (``steps``, or ``epochs`` turned into steps). Every ``checkpoint_every`` steps
 rank 0 writes ``out_dir/checkpoint_<step>.pt`` (atomically: temporary file, then rename) with the
 model, optimiser, scheduler and GradScaler states, the step, the loader position (epoch and batches
@@ -30,13 +35,32 @@ rank r every world_size-th batch, all ranks the same number of batches.
 
 Metrics go to ``out_dir/metrics.jsonl``, one JSON object per step (step, epoch, the five losses and
 their sum averaged over ranks, lr, ``step_time`` (host checks, copy, forward, backward, optimiser),
-``data_time`` (waiting for the batch), elapsed ``time``, GT instances per rank) with COCO
+``data_time`` (waiting for the batch), elapsed ``time``, ``cpu_time`` (CPU seconds of rank 0's
+process, all threads, since the start: comparable across runs on a shared machine), GT instances per rank) with COCO
 ``bbox/*`` and ``segm/*`` metrics added on the steps where the val split was evaluated (rank 0,
 :class:`mrcnn.evaluate.CocoEvaluator`).
+
+torchvision path (``impl="torchvision"``, ``--impl torchvision``): the same loop trains torchvision's
+own ``MaskRCNN`` (:func:`mrcnn.reference.torchvision_model`) for the comparison in
+``results/training/``. It starts from the same initial weights (the static model is built from
+the seed as usual and its state_dict loaded into torchvision's, names match), draws the same
+batches (same sampler, same images per step), and uses the same optimiser, schedule, AMP and
+evaluator. Its input is torchvision's own: each batch is the list of unpadded original images
+(float in [0, 1]) and a list of target dicts (boxes in original pixels, labels, full-image masks)
+with the same instances the static batch keeps (crowd annotations dropped, at most
+``max_gt_instances``); torchvision's ``GeneralizedRCNNTransform`` resizes, normalises and pads
+them itself. Evaluation feeds the val images the same way and scores torchvision's outputs (in
+original-image coordinates) with the same :class:`mrcnn.evaluate.CocoEvaluator`.
+
+Recipes (:mod:`mrcnn.recipes`) name a whole run: ``--recipe tiny`` sets the preset and config
+overrides, the synthetic data (generated under ``--data``, default ``data/``), steps, batch size,
+schedule and evaluation cadence; any flag given explicitly overrides the recipe. The recipe's
+batch size is the global one: with N ranks each takes batch_size / N images.
 
 Command line::
 
     python -m mrcnn.train --preset tiny --data DIR --out DIR --steps 200 [--synth-count 200] ...
+    python -m mrcnn.train --recipe tiny --out out/tiny [--impl torchvision] [--seed 1]
     torchrun --nproc_per_node 2 -m mrcnn.train ...
 """
 
@@ -72,6 +96,7 @@ from mrcnn.losses import check_targets
 from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch, Targets
 
+IMPLS: tuple[str, ...] = ("static", "torchvision")
 LOSS_NAMES: tuple[str, ...] = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 METRICS_FILE = "metrics.jsonl"
@@ -108,9 +133,23 @@ class WarmupMultiStep:
         return warmup * self.gamma ** bisect.bisect_right(self.milestones, it)
 
 
-def build_optimizer(model: nn.Module, lr: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
-    """SGD over the trainable parameters, as torchvision's reference (one group, decay on all)."""
+OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
+
+
+def build_optimizer(
+    model: nn.Module, lr: float, momentum: float, weight_decay: float, kind: str = "sgd"
+) -> torch.optim.Optimizer:
+    """SGD over the trainable parameters, as torchvision's reference (one group, decay on all).
+
+    ``kind="adamw"``: AdamW (betas (0.9, 0.999); ``momentum`` unused) with the same single group,
+    for from-scratch recipes: the backbone's frozen batch norms are identities at random init, so
+    nothing normalises its activations and SGD learns slowly there.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
+    if kind == "adamw":
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    if kind != "sgd":
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
     return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
 
 
@@ -212,12 +251,14 @@ class _EpochBatches(Sampler[list[int]]):
         return len(self.batches)
 
 
-def _epoch_loader(template: DataLoader, epoch: int, start: int, seed: int, num_workers: int) -> DataLoader:
+def _epoch_loader(
+    template: DataLoader, epoch: int, start: int, seed: int, num_workers: int, collate_fn: Any = None
+) -> DataLoader:
     """The rest of ``epoch`` from ``template`` (a :func:`make_loader` loader), with its own seed generator."""
     return DataLoader(
         template.dataset,
         batch_sampler=_EpochBatches(template.batch_sampler, epoch, start),
-        collate_fn=template.collate_fn,
+        collate_fn=collate_fn or template.collate_fn,
         num_workers=num_workers,
         pin_memory=template.pin_memory,
         generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch),
@@ -304,17 +345,112 @@ def evaluate(
     return evaluator.summarize()
 
 
+class TorchvisionCollate:
+    """Samples -> torchvision's training input: (list of [3, h, w] float images in [0, 1], list of targets).
+
+    The instances are those :func:`mrcnn.data.collate.collate` keeps for the static batch (crowd
+    annotations dropped, the first ``max_gt_instances``), in original-image pixels with full-image
+    masks; torchvision's own transform resizes them. Picklable, for DataLoader workers.
+    """
+
+    def __init__(self, max_gt_instances: int) -> None:
+        self.max_gt_instances = max_gt_instances
+
+    def __call__(self, samples: Sequence[tuple[torch.Tensor, dict[str, Any]]]) -> tuple[list, list]:
+        images, targets = [], []
+        for image, target in samples:
+            keep = torch.ones(len(target["labels"]), dtype=torch.bool)
+            if "iscrowd" in target:
+                keep &= target["iscrowd"] == 0
+            idx = torch.nonzero(keep).flatten()[: self.max_gt_instances]
+            images.append(image.float() / 255.0)
+            targets.append(
+                {
+                    "boxes": target["boxes"][idx].float().reshape(-1, 4),
+                    "labels": target["labels"][idx],
+                    "masks": target["masks"][idx],
+                    "image_id": int(target["image_id"]),
+                }
+            )
+        return images, targets
+
+
+@torch.no_grad()
+def evaluate_torchvision(
+    model: nn.Module, dataset: CocoDataset, batch_size: int, device: torch.device, amp: str = "none"
+) -> dict[str, float]:
+    """:func:`evaluate` for torchvision's ``MaskRCNN``: the val images in order, its own transform."""
+    from mrcnn.evaluate import CocoEvaluator
+
+    model.eval()
+    evaluator = CocoEvaluator(dataset.coco, dataset.label_to_category_id)
+    for start in range(0, len(dataset), batch_size):
+        samples = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        images = [(image.float() / 255.0).to(device) for image, _ in samples]
+        with _autocast(amp if amp == "bf16" else "none", device):
+            outputs = model(images)
+        outputs = [{k: (v.float() if v.is_floating_point() else v).cpu() for k, v in o.items()} for o in outputs]
+        evaluator.update(outputs, [int(t["image_id"]) for _, t in samples])
+    return evaluator.summarize()
+
+
 # ------------------------------------------------------------------------------------------------
 # The loop
 
 
-def build_model(cfg: Config, weights: str | os.PathLike | None = None) -> MaskRCNN:
-    """Random init (the global seed decides it), or a torchvision-format state_dict from ``weights``."""
+INITS: tuple[str, ...] = ("default", "zero_residual")
+
+
+def zero_residual_init(model: nn.Module) -> int:
+    """Zero the last convolution of every trainable residual block of the ResNet body; returns how many.
+
+    From random init the frozen batch norms are identities, so nothing normalises the residual
+    branches and activations grow block after block. A zero last convolution makes every block
+    the identity at the start (the idea of zero-init residuals and Fixup); it still learns, since
+    its input is not zero. Blocks whose weights are frozen are left alone (zero would stay zero).
+    """
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+
+    count = 0
+    for module in model.modules():
+        last = None
+        if isinstance(module, BasicBlock):
+            last = module.conv2
+        elif isinstance(module, Bottleneck):
+            last = module.conv3
+        if last is not None and last.weight.requires_grad:
+            nn.init.zeros_(last.weight)
+            count += 1
+    return count
+
+
+def build_model(
+    cfg: Config, weights: str | os.PathLike | None = None, impl: str = "static", init: str = "default"
+) -> nn.Module:
+    """Random init (the global seed decides it), or a torchvision-format state_dict from ``weights``.
+
+    ``init="zero_residual"`` applies :func:`zero_residual_init` to a randomly initialised model.
+
+    ``impl="torchvision"`` returns torchvision's ``MaskRCNN`` holding the very weights the static
+    model gets (built first, from the same RNG state, then copied over by name).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
     model = MaskRCNN(cfg)
     if weights is not None:
         from mrcnn.weights import load_torchvision_weights
 
         load_torchvision_weights(model, weights)
+    elif init == "zero_residual":
+        zero_residual_init(model)
+    if impl == "torchvision":
+        from mrcnn.reference import torchvision_model
+
+        reference = torchvision_model(cfg)
+        reference.load_state_dict(model.state_dict(), strict=True)
+        return reference
     return model
 
 
@@ -342,6 +478,9 @@ def train(
     lr: float = 0.02,
     momentum: float = 0.9,
     weight_decay: float = 1e-4,
+    optimizer: str = "sgd",
+    clip_grad_norm: float = 0.0,
+    init: str = "default",
     warmup_iters: int = 1000,
     warmup_factor: float = 0.001,
     lr_steps: Sequence[int] = (),
@@ -359,6 +498,7 @@ def train(
     weights: str | os.PathLike | None = None,
     synth_count: int | None = None,
     progress: bool = True,
+    impl: str = "static",
 ) -> dict[str, Any]:
     """Train ``MaskRCNN(cfg)`` on ``data_root/<train_split>``; write checkpoints and metrics to ``out_dir``.
 
@@ -366,6 +506,9 @@ def train(
         steps / epochs: run length, exactly one of them; epochs become steps (batches per epoch and rank).
         lr, momentum, weight_decay, warmup_iters, warmup_factor, lr_steps, gamma: the schedule (module
             docstring); ``lr`` is for the whole batch (all ranks), not scaled here.
+        optimizer: "sgd" (torchvision's reference) or "adamw" (:func:`build_optimizer`).
+        clip_grad_norm: if > 0, clip the gradients' global L2 norm to this before each step.
+        init: "default" (torchvision's) or "zero_residual" (:func:`zero_residual_init`), random init only.
         amp: "none" (fp32), "bf16" (autocast, CPU or CUDA) or "fp16" (autocast + GradScaler, CUDA only).
         device: "cpu", "cuda" (each rank takes cuda:LOCAL_RANK); default CUDA when present.
         checkpoint_every: write a checkpoint every this many steps (0: only at the end).
@@ -375,6 +518,8 @@ def train(
         weights: torchvision-format state_dict to start from (default: random init from ``seed``).
         synth_count: if set and a split is missing, generate the synthetic data set there
             (``synth_count`` train images, a quarter as many val images).
+        impl: "static" (this package's model) or "torchvision" (torchvision's, same initial weights,
+            same batches; module docstring).
     Returns:
         ``{"step", "losses" (last step, rank-averaged), "metrics" (last evaluation or {}), "checkpoint"}``.
     Raises:
@@ -384,6 +529,10 @@ def train(
         raise ValueError("give exactly one of steps and epochs")
     if amp not in AMP_MODES:
         raise ValueError(f"amp must be one of {AMP_MODES}, got {amp!r}")
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if amp == "fp16" and not device.startswith("cuda"):
         raise ValueError("amp='fp16' needs a CUDA device (it uses torch.amp.GradScaler); use amp='bf16' on the CPU")
@@ -407,6 +556,9 @@ def _train(
     lr: float,
     momentum: float,
     weight_decay: float,
+    optimizer: str,
+    clip_grad_norm: float,
+    init: str,
     warmup_iters: int,
     warmup_factor: float,
     lr_steps: Sequence[int],
@@ -424,6 +576,7 @@ def _train(
     weights: str | os.PathLike | None,
     synth_count: int | None,
     progress: bool,
+    impl: str,
 ) -> dict[str, Any]:
     out = Path(out_dir)
     dev = torch.device(f"cuda:{info.local_rank}" if device == "cuda" else device)
@@ -448,8 +601,11 @@ def _train(
     total = steps if steps is not None else epochs * per_epoch
 
     seed_everything(seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
-    model = build_model(cfg, weights).to(dev).train()
-    optimizer = build_optimizer(model, lr, momentum, weight_decay)
+    model = build_model(cfg, weights, impl, init).to(dev).train()
+    tv = impl == "torchvision"
+    collate_fn = TorchvisionCollate(cfg.max_gt_instances) if tv else None
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = build_optimizer(model, lr, momentum, weight_decay, optimizer)
     scheduler = build_scheduler(optimizer, warmup_iters, warmup_factor, lr_steps, gamma)
     scaler = torch.amp.GradScaler("cuda") if amp == "fp16" else None
     seed_everything(seed + 7919 * info.rank)  # per-rank sampling noise
@@ -504,6 +660,7 @@ def _train(
                     "rng": states,
                     "world_size": info.world_size,
                     "config": dataclasses.asdict(cfg),
+                    "impl": impl,
                 },
                 path,
             )
@@ -513,29 +670,42 @@ def _train(
     def run_eval() -> dict[str, float]:
         result: dict[str, float] = {}
         if info.main and val_dataset is not None:
-            result = evaluate(model, val_dataset, cfg, batch_size, dev, amp)
+            if tv:
+                result = evaluate_torchvision(model, val_dataset, batch_size, dev, amp)
+            else:
+                result = evaluate(model, val_dataset, cfg, batch_size, dev, amp)
             model.train()
         _barrier(info)
         return result
 
     bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=not (progress and info.main))
     start_time = time.perf_counter()
+    start_cpu = time.process_time()  # this process's CPU seconds, all threads: wall time on a loaded machine misleads
     last_losses: dict[str, float] = {}
     metrics: dict[str, float] = {}
     try:
         while step < total:
             if offset >= per_epoch:
                 epoch, offset = epoch + 1, 0
-            loader = _epoch_loader(template, epoch, offset, seed, num_workers)
+            loader = _epoch_loader(template, epoch, offset, seed, num_workers, collate_fn)
             t_data = time.perf_counter()
-            for batch, targets, _meta in loader:
+            for item in loader:
                 t0 = time.perf_counter()
-                if dev.type != "cpu":
-                    check_targets(targets, cfg, batch)  # on the host, before the copy (the model checks CPU input)
-                gt_count = int(targets.valid.sum())
-                batch, targets = _to_device(batch, targets, dev)
-                with _autocast(amp, dev):
-                    losses = ddp_model(batch, targets)
+                if tv:
+                    images, tv_targets = item
+                    gt_count = sum(len(t["labels"]) for t in tv_targets)
+                    images = [im.to(dev) for im in images]
+                    tv_targets = [{k: v.to(dev) if torch.is_tensor(v) else v for k, v in t.items()} for t in tv_targets]
+                    with _autocast(amp, dev):
+                        losses = ddp_model(images, tv_targets)
+                else:
+                    batch, targets, _meta = item
+                    if dev.type != "cpu":
+                        check_targets(targets, cfg, batch)  # on the host, before the copy (the model checks CPU input)
+                    gt_count = int(targets.valid.sum())
+                    batch, targets = _to_device(batch, targets, dev)
+                    with _autocast(amp, dev):
+                        losses = ddp_model(batch, targets)
                 stacked = torch.stack([losses[name].float() for name in LOSS_NAMES]).detach()
                 gt_counts = torch.zeros(info.world_size, dtype=torch.float64, device=dev)
                 gt_counts[info.rank] = gt_count
@@ -553,10 +723,15 @@ def _train(
                 optimizer.zero_grad(set_to_none=True)
                 if scaler is not None:
                     scaler.scale(total_loss).backward()
+                    if clip_grad_norm:
+                        scaler.unscale_(optimizer)
+                        nn.utils.clip_grad_norm_(params, clip_grad_norm)
                     scaler.step(optimizer)
                     scaler.update()
                 else:
                     total_loss.backward()
+                    if clip_grad_norm:
+                        nn.utils.clip_grad_norm_(params, clip_grad_norm)
                     optimizer.step()
                 lr_now = optimizer.param_groups[0]["lr"]
                 scheduler.step()
@@ -572,6 +747,7 @@ def _train(
                     "step_time": time.perf_counter() - t0,
                     "data_time": t0 - t_data,
                     "time": time.perf_counter() - start_time,
+                    "cpu_time": time.process_time() - start_cpu,
                     "gt_instances": [int(c) for c in gt_counts.tolist()],
                 }
                 bar.update(1)
@@ -607,9 +783,33 @@ def _parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
+# Flag defaults when no recipe gives a value (the recipe's values win over these, explicit flags over both).
+_DEFAULTS: dict[str, Any] = {
+    "preset": "tiny",
+    "batch_size": 2,
+    "lr": 0.02,
+    "momentum": 0.9,
+    "weight_decay": 1e-4,
+    "optimizer": "sgd",
+    "clip_grad_norm": 0.0,
+    "init": "default",
+    "warmup_iters": 1000,
+    "warmup_factor": 0.001,
+    "lr_steps": [],
+    "gamma": 0.1,
+    "eval_every": 0,
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Training options (shared with the ``mrcnn train`` subcommand)."""
-    parser.add_argument("--preset", default="tiny", help="config preset (default tiny)")
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        help="named recipe (mrcnn.recipes: tiny, ci): preset, overrides, data, schedule; explicit flags override it",
+    )
+    parser.add_argument("--impl", choices=IMPLS, default="static", help="static model or torchvision's MaskRCNN")
+    parser.add_argument("--preset", default=None, help="config preset (default tiny)")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -619,7 +819,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="config override, Python literal values, e.g. --set min_size=256 (repeatable)",
     )
-    parser.add_argument("--data", required=True, type=Path, help="COCO-layout data root")
+    parser.add_argument(
+        "--data",
+        default=None,
+        type=Path,
+        help="COCO-layout data root (with --recipe: the folder its synthetic set is generated under, default data)",
+    )
     parser.add_argument(
         "--synth-count",
         type=int,
@@ -627,26 +832,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         help="generate the synthetic set (this many train images, a quarter val) if a split is missing",
     )
     parser.add_argument("--train-split", default="train")
-    parser.add_argument("--val-split", default="val", help="evaluated if present; '' for none")
+    parser.add_argument("--val-split", default=None, help="evaluated if present (default val); '' for none")
     parser.add_argument("--out", required=True, type=Path, help="checkpoints and metrics.jsonl go here")
-    length = parser.add_mutually_exclusive_group(required=True)
-    length.add_argument("--steps", type=int, help="optimiser steps")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimiser steps (required without --recipe)")
     length.add_argument("--epochs", type=int, help="epochs (turned into steps)")
-    parser.add_argument("--batch-size", type=int, default=2, help="images per rank and step (default 2)")
-    parser.add_argument("--lr", type=float, default=0.02)
-    parser.add_argument("--momentum", type=float, default=0.9)
-    parser.add_argument("--weight-decay", type=float, default=1e-4)
-    parser.add_argument("--warmup-iters", type=int, default=1000)
-    parser.add_argument("--warmup-factor", type=float, default=0.001)
-    parser.add_argument("--lr-steps", type=int, nargs="*", default=[], help="milestones, in steps")
-    parser.add_argument("--gamma", type=float, default=0.1)
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        help="images per rank and step (default 2; a recipe's is split over ranks)",
+    )
+    parser.add_argument("--lr", type=float, default=None, help="default 0.02")
+    parser.add_argument("--momentum", type=float, default=None, help="default 0.9")
+    parser.add_argument("--weight-decay", type=float, default=None, help="default 1e-4")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default sgd")
+    parser.add_argument("--init", choices=INITS, default=None, help="random init scheme (default: default)")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default 0: off)")
+    parser.add_argument("--warmup-iters", type=int, default=None, help="default 1000")
+    parser.add_argument("--warmup-factor", type=float, default=None, help="default 0.001")
+    parser.add_argument("--lr-steps", type=int, nargs="*", default=None, help="milestones, in steps")
+    parser.add_argument("--gamma", type=float, default=None, help="default 0.1")
     parser.add_argument("--amp", choices=AMP_MODES, default="none")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader workers per rank")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--checkpoint-every", type=int, default=0)
-    parser.add_argument("--eval-every", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=None, help="default 0 (only at the end)")
     parser.add_argument("--no-final-eval", action="store_true")
     parser.add_argument("--resume", default=None, help="checkpoint file, or a folder (its latest checkpoint)")
     parser.add_argument("--weights", default=None, help="torchvision-format state_dict to start from")
@@ -654,39 +867,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_arguments(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]:
+    """The Config and :func:`train` keyword arguments of parsed flags: defaults < recipe < explicit flags."""
+    settings = dict(_DEFAULTS)
+    overrides: dict[str, Any] = {}
+    data = args.data
+    synth_count = args.synth_count
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.recipe:
+        from mrcnn.recipes import get_recipe
+
+        recipe = get_recipe(args.recipe)
+        settings.update(recipe.train_kwargs(world_size), preset=recipe.preset)
+        overrides.update(recipe.overrides)
+        base = data if data is not None else Path("data")
+        if int(os.environ.get("RANK", "0")) == 0:
+            recipe.prepare_data(base)
+        data = recipe.data_root(base)
+        if args.epochs is not None:
+            settings.pop("steps")
+    elif args.steps is None and args.epochs is None:
+        raise SystemExit("error: give --steps or --epochs (or a --recipe)")
+    if data is None:
+        raise SystemExit("error: --data is required without --recipe")
+    for key in _DEFAULTS:
+        value = getattr(args, key)
+        if value is not None:
+            settings[key] = value
+    if args.steps is not None:
+        settings["steps"] = args.steps
+    overrides.update(dict(args.overrides))
+    cfg = get_config(settings.pop("preset"), **overrides)
+    kwargs = {
+        **settings,
+        "data_root": data,
+        "epochs": args.epochs,
+        "amp": args.amp,
+        "device": args.device,
+        "seed": args.seed,
+        "num_workers": args.workers,
+        "checkpoint_every": args.checkpoint_every,
+        "resume": args.resume,
+        "eval_at_end": not args.no_final_eval,
+        "train_split": args.train_split,
+        "val_split": (settings.pop("val_split", "val") if args.val_split is None else args.val_split) or None,
+        "weights": args.weights,
+        "synth_count": synth_count,
+        "progress": not args.quiet,
+        "impl": args.impl,
+    }
+    kwargs.setdefault("steps", None)
+    return cfg, kwargs
+
+
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = get_config(args.preset, **dict(args.overrides))
+    cfg, kwargs = resolve_arguments(args)
+    data_root = kwargs.pop("data_root")
     try:
-        result = train(
-            cfg,
-            args.data,
-            args.out,
-            steps=args.steps,
-            epochs=args.epochs,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            momentum=args.momentum,
-            weight_decay=args.weight_decay,
-            warmup_iters=args.warmup_iters,
-            warmup_factor=args.warmup_factor,
-            lr_steps=args.lr_steps,
-            gamma=args.gamma,
-            amp=args.amp,
-            device=args.device,
-            seed=args.seed,
-            num_workers=args.workers,
-            checkpoint_every=args.checkpoint_every,
-            resume=args.resume,
-            eval_every=args.eval_every,
-            eval_at_end=not args.no_final_eval,
-            train_split=args.train_split,
-            val_split=args.val_split or None,
-            weights=args.weights,
-            synth_count=args.synth_count,
-            progress=not args.quiet,
-        )
+        result = train(cfg, data_root, args.out, **kwargs)
     except NonFiniteLossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -314,3 +314,23 @@ def test_gate_fails_on_an_injected_recompile(tmp_path):
     assert fault.returncode == 1, fault.stdout + fault.stderr
     assert "GATE FAILED" in fault.stdout and "static/xla: uncached_compile rose from 2 to" in fault.stdout
     assert "XLA compiled a new graph" in fault.stdout and "model input [1, 3, 320, 384]" in fault.stdout
+
+
+def test_compare_runs_two_checkouts_interleaved(tmp_path, capsys):
+    """Live compare: A and B in worker processes importing their own checkout ('.' twice here).
+
+    No assertion on the verdict (that is timing); results/latency_gate holds its measured error rates.
+    """
+    out = tmp_path / "cmp.json"
+    code = cli.main(["compare", str(REPO), str(REPO), "--cases", "static/eager", "--rounds", "7", "--images", "1",
+                     "--set-b", "inject_slowdown=0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
+                     "--out", str(out)])
+    assert code in (0, 1)
+    data = json.loads(out.read_text())
+    (line,) = data["comparison"]
+    assert line["case"] == "static/eager" and 0 <= line["p_value"] <= 1 and line["ratio_b_over_a"] > 0
+    recs = {r["row"]: r for r in data["run"]["records"]}
+    assert set(recs) == {"A:static/eager", "B:static/eager"}
+    assert recs["B:static/eager"]["variant_overrides"] == {"inject_slowdown": 0.2}
+    assert all(len(r["times_s"]) == 7 and r["variant_code"] == str(REPO) for r in recs.values())
+    assert "static/eager" in capsys.readouterr().out

@@ -7,6 +7,7 @@ at one thread (so runs are bitwise reproducible).
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -159,7 +160,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cfg, data, tmp_path, 
                     out["loss_mask"] = out["loss_mask"] * float("nan")
             return out
 
-    monkeypatch.setattr("mrcnn.train.build_model", lambda cfg, weights=None: NanAtFourthStep(cfg))
+    monkeypatch.setattr("mrcnn.train.build_model", lambda cfg, weights=None, *_, **__: NanAtFourthStep(cfg))
     with pytest.raises(
         NonFiniteLossError, match=r"non-finite loss at step 4 \(.*loss_mask=nan.*checkpoint_0000002\.pt kept"
     ):
@@ -300,3 +301,96 @@ def test_ddp_rank_without_ground_truth_neither_crashes_nor_hangs(cfg, data, tmp_
     assert [r["loss"] for r in records(resumed)] == [r["loss"] for r in rows[1:]]
     end = load_checkpoint(checkpoint_path(resumed, steps))["model"]
     assert all(torch.equal(v, end[k]) for k, v in ckpt["model"].items())
+
+
+# ------------------------------------------------------------------------------------------------
+# torchvision path and recipes
+
+
+def test_torchvision_impl_starts_from_the_static_weights_trains_and_evaluates(cfg, data, tmp_path):
+    from mrcnn.train import build_model
+
+    torch.manual_seed(3)
+    static = build_model(cfg).state_dict()
+    torch.manual_seed(3)
+    reference = build_model(cfg, impl="torchvision")
+    assert type(reference).__module__.startswith("torchvision")
+    assert all(torch.equal(v, static[k]) for k, v in reference.state_dict().items())
+
+    out = tmp_path / "tv"
+    result = run(cfg, data, out, steps=2, impl="torchvision", val_split="val")
+    rows = records(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["gt_instances"][0] >= 0 and r["loss"] > 0 and r["cpu_time"] > 0 for r in rows)
+    assert 0.0 <= rows[-1]["bbox/AP"] <= 1.0 and 0.0 <= rows[-1]["segm/AP"] <= 1.0
+    assert load_checkpoint(result["checkpoint"])["impl"] == "torchvision"
+    # The same batches: both implementations see the same ground-truth count at every step.
+    static_out = tmp_path / "static"
+    run(cfg, data, static_out, steps=2, val_split=None)
+    assert [r["gt_instances"] for r in records(static_out)] == [r["gt_instances"] for r in rows]
+    with pytest.raises(ValueError, match="impl"):
+        run(cfg, data, tmp_path / "bad", steps=1, impl="detectron")
+
+
+def test_recipe_sets_the_run_and_explicit_flags_override_it(tmp_path, monkeypatch):
+    import argparse
+
+    from mrcnn.recipes import Recipe, get_recipe
+    from mrcnn.train import add_arguments, resolve_arguments
+
+    monkeypatch.setattr(Recipe, "prepare_data", lambda self, base="data": self.data_root(base))
+    parser = add_arguments(argparse.ArgumentParser())
+    recipe = get_recipe("ci")
+    cfg, kwargs = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path), "--data", "d"]))
+    assert cfg == recipe.config() and kwargs["data_root"] == recipe.data_root("d")
+    assert (kwargs["steps"], kwargs["batch_size"], kwargs["lr"]) == (recipe.steps, recipe.batch_size, recipe.lr)
+    assert kwargs["lr_steps"] == list(recipe.lr_steps) and kwargs["warmup_iters"] == recipe.warmup_iters
+    assert (kwargs["optimizer"], kwargs["val_split"]) == (recipe.optimizer, recipe.eval_split)
+
+    argv = ["--recipe", "ci", "--out", str(tmp_path), "--lr", "0.5", "--steps", "7", "--set", "min_size=192"]
+    cfg, kwargs = resolve_arguments(parser.parse_args(argv))
+    assert (kwargs["steps"], kwargs["lr"], cfg.min_size) == (7, 0.5, 192)
+    assert kwargs["batch_size"] == recipe.batch_size and cfg.max_size == recipe.config().max_size
+    _, kwargs = resolve_arguments(parser.parse_args([*argv, "--val-split", "", "--optimizer", "sgd"]))
+    assert (kwargs["val_split"], kwargs["optimizer"]) == (None, "sgd")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    _, kwargs = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path)]))
+    assert kwargs["batch_size"] == recipe.batch_size // 2  # the recipe's batch is global
+
+    with pytest.raises(SystemExit, match="--steps"):
+        resolve_arguments(parser.parse_args(["--out", str(tmp_path), "--data", "d"]))
+
+
+def test_adamw_and_gradient_clipping(cfg, data, tmp_path):
+    from mrcnn.train import OPTIMIZERS
+
+    assert isinstance(build_optimizer(torch.nn.Linear(2, 2), 1e-3, 0.9, 1e-4, "adamw"), torch.optim.AdamW)
+    with pytest.raises(ValueError, match="optimizer"):
+        build_optimizer(torch.nn.Linear(2, 2), 1e-3, 0.9, 1e-4, "lamb")
+    assert OPTIMIZERS == ("sgd", "adamw")
+    clipped = run(cfg, data, tmp_path / "clip", steps=2, optimizer="adamw", clip_grad_norm=1e-3, lr=1.0)
+    free = run(cfg, data, tmp_path / "free", steps=2, optimizer="adamw", clip_grad_norm=0.0, lr=1.0)
+    assert all(math.isfinite(v) for v in clipped["losses"].values())
+    # The first moment holds the gradients AdamW was given: clipped ones differ.
+    a, b = (load_checkpoint(r["checkpoint"])["optimizer"]["state"] for r in (clipped, free))
+    assert not torch.allclose(a[0]["exp_avg"], b[0]["exp_avg"]), "clipping must change the gradients seen"
+    with pytest.raises(ValueError, match="optimizer"):
+        run(cfg, data, tmp_path / "bad", steps=1, optimizer="lamb")
+
+
+def test_zero_residual_init_zeroes_the_last_conv_of_each_trainable_block(cfg):
+    from torchvision.models.resnet import BasicBlock
+
+    from mrcnn.train import build_model
+
+    torch.manual_seed(0)
+    model = build_model(cfg, init="zero_residual")
+    blocks = [m for m in model.backbone.modules() if isinstance(m, BasicBlock)]
+    assert len(blocks) == 8  # ResNet-18, every stage trainable in the tiny preset
+    assert all(b.conv2.weight.abs().sum() == 0 and b.conv1.weight.abs().sum() > 0 for b in blocks)
+    torch.manual_seed(0)
+    default = build_model(cfg)
+    assert all(b.conv2.weight.abs().sum() > 0 for b in default.backbone.modules() if isinstance(b, BasicBlock))
+    with pytest.raises(ValueError, match="init"):
+        build_model(cfg, init="orthogonal")

@@ -42,7 +42,8 @@ class Inference:
     params = INFERENCE
     param_names = ("case",)
     number = 1
-    repeat = (5, 10, 120.0)
+    repeat = (3, 7, 60.0)
+    processes = 1  # one fresh process per benchmark and case; across commits, asv find re-measures
     warmup_time = 0
     timeout = 900
 
@@ -66,6 +67,7 @@ class Compiles:
 
     params = COMPILED
     param_names = ("case",)
+    processes = 1  # the count is exact: one process is enough
     timeout = 900
 
     def setup(self, case: str) -> None:
@@ -88,7 +90,8 @@ class Training:
     params = TRAINING
     param_names = ("case",)
     number = 1
-    repeat = (3, 8, 120.0)
+    repeat = (3, 5, 60.0)
+    processes = 1
     warmup_time = 0
     timeout = 900
 

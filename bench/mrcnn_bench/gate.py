@@ -268,7 +268,7 @@ def check_compiles(args: argparse.Namespace, report: dict[str, Any]) -> list[str
 def check_accuracy(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
     from mrcnn.accuracy import check_accuracy as accuracy_gate
 
-    result = accuracy_gate(recipe=args.accuracy, checkpoint=args.checkpoint)
+    result = accuracy_gate(recipe=args.accuracy, checkpoint=args.checkpoint, progress=True)
     report["accuracy"] = {"passed": result.passed, "messages": list(result.messages), "metrics": result.metrics}
     for msg in result.messages:
         print(f"gate: accuracy: {msg}", file=sys.stderr)

@@ -175,16 +175,22 @@ def markdown(doc: dict[str, Any]) -> str:
     stages = stage_frame(doc)
     if stages is not None:
         parts += ["", stages.to_markdown(index=False, floatfmt=".3f")]
+    reasons = _reasons_md(doc)
+    if reasons:
+        parts += ["", "Graph breaks and recompiles (dynamo's reasons):", "", reasons]
     return "\n".join(parts)
 
 
-def _reasons_md(doc: dict[str, Any]) -> str:
+def _reasons_md(doc: dict[str, Any], limit: int = 12) -> str:
+    """Dynamo's graph-break and recompile reasons per row, as it recorded them (``limit`` per kind)."""
     lines = []
     for r in doc["records"]:
         reasons = r.get("reasons") or {}
         for kind in ("graph_breaks", "recompiles"):
-            for text in reasons.get(kind, []):
-                lines.append(f"- {r['row']}: {kind.replace('_', ' ')[:-1]}: {text}")
+            texts = reasons.get(kind, [])
+            lines += [f"- {r['row']}: {kind.replace('_', ' ')[:-1]}: {' '.join(t.split())}" for t in texts[:limit]]
+            if len(texts) > limit:
+                lines.append(f"- {r['row']}: ... {len(texts) - limit} more {kind.replace('_', ' ')}")
     return "\n".join(lines)
 
 

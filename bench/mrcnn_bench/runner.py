@@ -244,7 +244,7 @@ class Pipeline:
         if case.compiler in ("export", "aoti"):
             from mrcnn.export import DeployOnFirstCall
 
-            self._deploy = DeployOnFirstCall(model, case.compiler)
+            self._deploy = DeployOnFirstCall(model, "exported" if case.compiler == "export" else "aoti")
             forward = self._deploy
         elif case.compiler == "inductor":
             forward = torch.compile(model, fullgraph=case.impl == "static")
@@ -348,9 +348,9 @@ class Pipeline:
 class RowTimeout(Exception):
     """The worker passed its time limit; ``detail`` says how far it got."""
 
-    def __init__(self, limit: float, detail: str, counters: dict | None = None) -> None:
+    def __init__(self, limit: float, detail: str, counters: dict | None = None, reasons: dict | None = None) -> None:
         super().__init__(f"> {limit:g} s ({detail})" if detail else f"> {limit:g} s")
-        self.limit, self.detail, self.counters = limit, detail, counters or {}
+        self.limit, self.detail, self.counters, self.reasons = limit, detail, counters or {}, reasons or {}
 
 
 class RowError(Exception):
@@ -404,6 +404,7 @@ class WorkerRow:
         self._buf = b""
         self._deadline = 0.0
         self.last_counters: dict[str, float] = {}
+        self.last_reasons: dict[str, list[str]] = {}
 
     def setup(self) -> None:
         """Start the worker and wait until it has built its model (counts against the first call)."""
@@ -433,6 +434,7 @@ class WorkerRow:
         if not msg.get("ok"):
             raise RowError(msg.get("error", f"bad reply {msg}"))
         self.last_counters = msg.get("counters", {})
+        self.last_reasons = msg.get("reasons") or {}
         result = torch.load(out, weights_only=True)
         out.unlink()
         return float(msg["seconds"]), result, float(msg["peak_gb"]), float(msg["delta_gb"])
@@ -484,7 +486,7 @@ class WorkerRow:
             if not ready:
                 status = self._read_status()
                 self._kill()
-                raise RowTimeout(self.limit, describe_status(status), status.get("counters"))
+                raise RowTimeout(self.limit, describe_status(status), status.get("counters"), status.get("reasons"))
             chunk = os.read(fd, 1 << 16)
             if not chunk:
                 self._kill()
@@ -635,6 +637,13 @@ def log(msg: str) -> None:
     print(f"[mrcnn-bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
+def _new_reasons(before: dict[str, list[str]], after: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The entries of ``after`` beyond those already in ``before`` (as multisets), per kind."""
+    from collections import Counter
+
+    return {kind: list((Counter(texts) - Counter(before.get(kind, []))).elements()) for kind, texts in after.items()}
+
+
 def _delta(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: b[k] - a.get(k, 0) for k in b if isinstance(b[k], (int, float))}
 
@@ -684,11 +693,14 @@ def run(opts: RunOptions) -> dict[str, Any]:
             return seconds, result
 
         # Set-up and warm-up, row by row; a worker row gets the limit for set-up + first call.
+        reasons_before: dict[str, dict[str, list[str]]] = {}
         for r in active:
             runner = runners[r.row.name]
             try:
                 log(f"{r.row.name}: set-up" + (f" (bounded at {opts.time_limit:g} s)" if r.row.in_worker else ""))
                 r.counters_start = runner.counters()
+                if r.row.case.compiler == "inductor" and not r.row.in_worker:
+                    reasons_before[r.row.name] = backends.dynamo_reasons()
                 t0 = time.perf_counter()
                 runner.setup()
                 r.setup_s = time.perf_counter() - t0
@@ -700,9 +712,12 @@ def run(opts: RunOptions) -> dict[str, Any]:
                         r.first_result_s = seconds
                         log(f"{r.row.name}: first result in {seconds:.2f} s (set-up {r.setup_s:.1f} s)")
                 r.counters_warm = runner.counters()
+                if r.row.name in reasons_before:
+                    # Dynamo's reasons are process-wide: keep those its own warm-up added.
+                    r.reasons = _new_reasons(reasons_before[r.row.name], backends.dynamo_reasons())
                 r.status = "ok"
             except RowTimeout as e:
-                r.status, r.detail, r.counters_end = "timeout", str(e), e.counters
+                r.status, r.detail, r.counters_end, r.reasons = "timeout", str(e), e.counters, e.reasons
                 log(f"{r.row.name}: TIMEOUT {e}")
             except Exception as e:
                 r.status, r.detail = "error", f"{type(e).__name__}: {e}"
@@ -734,6 +749,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
                     r.times.append(seconds)
                 except RowTimeout as e:
                     r.status, r.detail, r.counters_end = "timeout", f"in round {rnd + 1}: {e}", e.counters
+                    r.reasons = e.reasons
                     continue
                 except Exception as e:
                     r.status, r.detail = "error", f"in round {rnd + 1}: {type(e).__name__}: {e}"
@@ -751,8 +767,9 @@ def run(opts: RunOptions) -> dict[str, Any]:
                 if r.row.case.phase == "inference" and r.row in outputs and ref in outputs and r.row != ref:
                     r.parity.extend(parity_stats(a, b) for a, b in zip(outputs[ref], outputs[r.row], strict=True))
         for r in active:
-            if r.row.case.compiler == "inductor" and not r.row.in_worker:
-                r.reasons = backends.dynamo_reasons()
+            runner = runners[r.row.name]
+            if isinstance(runner, WorkerRow) and r.row.case.compiler == "inductor" and r.status != "timeout":
+                r.reasons = runner.last_reasons
         if opts.eval_images:
             evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts)
 

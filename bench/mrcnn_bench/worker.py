@@ -35,6 +35,11 @@ def main(run_dir: Path, row_dir: Path) -> int:
     t_start = time.monotonic()
     pipeline: Pipeline | None = None
 
+    def reasons() -> dict:
+        from mrcnn_bench.backends import dynamo_reasons
+
+        return dynamo_reasons() if row.case.compiler == "inductor" else {}
+
     def write_status() -> None:
         state["elapsed_s"] = time.monotonic() - t_start
         tmp = row_dir / "status.json.tmp"
@@ -48,6 +53,7 @@ def main(run_dir: Path, row_dir: Path) -> int:
                 # deadlock) with the main thread's own import of it.
                 if pipeline is not None and state["phase"] != "setup":
                     state["counters"] = pipeline.counters()
+                    state["reasons"] = reasons()
                 write_status()
             time.sleep(0.5)
 
@@ -75,7 +81,7 @@ def main(run_dir: Path, row_dir: Path) -> int:
             state["phase"] = f"call {calls + 1}"
             state["counters"] = pipeline.counters()
             reply = {"ok": True, "seconds": seconds, "peak_gb": peak, "delta_gb": extra,
-                     "counters": state["counters"]}
+                     "counters": state["counters"], "reasons": reasons()}
         except Exception:
             reply = {"ok": False, "error": traceback.format_exc(limit=8)}
         print(json.dumps(reply), file=proto)
