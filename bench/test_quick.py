@@ -1,7 +1,7 @@
 """The quick cases under pytest-benchmark: explicit rounds, non-time metrics in ``extra_info``.
 
     pytest bench --benchmark-only --benchmark-json out/bench.json
-    pytest bench --benchmark-only --benchmark-storage results/pytest-benchmark --benchmark-compare \
+    pytest bench --benchmark-only --benchmark-storage file://./results/pytest-benchmark --benchmark-compare \
         --benchmark-compare-fail median:25%
 """
 

@@ -15,12 +15,11 @@ Recipes (measured numbers in ``results/training/`` and ``results/accuracy/``):
     the idle machine, so about 8 minutes of steps plus 4 evaluations of 100 images).
     ``target_box_ap`` is the box AP at which time to accuracy is measured.
 ``ci``
-    A few minutes on 2 idle cores including its evaluation: a fitting test. The same model on
-    224-px images trains 200 steps of 4 images on 48 images and is evaluated on those same
-    images (``eval_split="train"``), so what it measures is whether the training path can fit
-    boxes and masks at all, which is what a broken box coder or misaligned mask targets destroy.
-    Its baseline would be ``results/accuracy/ci.json``; see ``results/accuracy/README.md`` for
-    why none is committed yet (the recipe does not reach a usable AP in 200 steps).
+    A fitting test sized for CI: the same model on 224-px images, 600 steps of 4 images (decay at
+    480) on 48 images, evaluated on those same images. About 540 CPU-seconds of steps at one thread
+    (5 minutes on 2 idle cores). Its baseline (``results/accuracy/ci.json``) is what the accuracy
+    gate checks on every change: it tells a working training path from a broken one. A 1000-step
+    run of this set-up reached box AP 0.14 at step 600 and 0.41 at step 800 without a decay.
 
 Both use AdamW with gradient clipping rather than torchvision's SGD: from random init the
 backbone's frozen batch norms are identities and nothing normalises its activations. In 200

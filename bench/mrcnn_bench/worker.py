@@ -19,9 +19,28 @@ import traceback
 from pathlib import Path
 
 
+def import_mrcnn_from(code: str) -> None:
+    """Make ``import mrcnn`` load the checkout ``code``, ahead of any installed or editable ``mrcnn``.
+
+    PYTHONPATH alone is not enough: an editable install's import hook can come first.
+    """
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.machinery.PathFinder.find_spec("mrcnn", [code])
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"{code}: no mrcnn package to import")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mrcnn"] = module
+    spec.loader.exec_module(module)
+
+
 def main(run_dir: Path, row_dir: Path) -> int:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # whatever else prints goes to the log, not into the protocol
+    code = json.loads((row_dir / "row.json").read_text())["variant"]["code"]
+    if code:
+        import_mrcnn_from(code)
     import torch
 
     from mrcnn_bench.cases import Case
