@@ -24,14 +24,11 @@ from typing import Any
 import pandas as pd
 
 from mrcnn_bench import stats, store
+from mrcnn_bench.report import as_number
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
 DEFAULT_COMPARE_CASES = "static/eager"
 DEFAULT_COMPARE_ROUNDS = 25  # measured: see results/latency_gate (power against a 10% slowdown)
-
-
-def _num(x: Any) -> float:
-    return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
 
 
 def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], threshold: float | None = None,
@@ -54,13 +51,13 @@ def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], threshold:
         verdict = stats.compare_latency(ra["times_s"][:n], rb["times_s"][:n], **kwargs)
         changed = []
         for m in EXACT_METRICS:
-            va, vb = _num(ra.get(m)), _num(rb.get(m))
+            va, vb = as_number(ra.get(m)), as_number(rb.get(m))
             if not (math.isnan(va) and math.isnan(vb)) and va != vb:
                 changed.append(f"{m} {va:g} -> {vb:g}")
         lines.append({
             "case": rb["case"],
-            "median_a_s": _num(ra["median_s"]),
-            "median_b_s": _num(rb["median_s"]),
+            "median_a_s": as_number(ra["median_s"]),
+            "median_b_s": as_number(rb["median_s"]),
             "ratio_b_over_a": verdict.estimate,
             "ci95": f"{verdict.ci_low:.3f}-{verdict.ci_high:.3f}",
             "p_value": verdict.p_wilcoxon if paired else verdict.p_mannwhitney,

@@ -23,26 +23,28 @@ TABLE_COLUMNS = [
 ]
 
 
-def _num(x: Any) -> float:
+def as_number(x: Any) -> float:
+    """A record's value as a float; NaN for a missing (None) or non-numeric one."""
     return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
 
 
 def compiles_text(rec: dict[str, Any]) -> str:
     """'graphs=1 breaks=0 recompiles=0' (dynamo) or 'compiles=1 fallbacks=0' (XLA), plus what the rounds added."""
-    if rec["backend"] == "xla" and not math.isnan(_num(rec["uncached_compile"])):
-        extra = _num(rec.get("uncached_compile_rounds"))
+    if rec["backend"] == "xla" and not math.isnan(as_number(rec["uncached_compile"])):
+        extra = as_number(rec.get("uncached_compile_rounds"))
         return (f"compiles={rec['uncached_compile']:.0f} (+{0 if math.isnan(extra) else extra:.0f} in rounds), "
-                f"fallbacks={_num(rec['fallback_ops']):.0f}")
-    if rec["compiler"] == "inductor" and not math.isnan(_num(rec["unique_graphs"])):
-        extra = _num(rec.get("unique_graphs_rounds"))
+                f"fallbacks={as_number(rec['fallback_ops']):.0f}")
+    if rec["compiler"] == "inductor" and not math.isnan(as_number(rec["unique_graphs"])):
+        extra = as_number(rec.get("unique_graphs_rounds"))
         return (f"graphs={rec['unique_graphs']:.0f} breaks={rec['graph_breaks']:.0f} "
-                f"recompiles={_num(rec['recompiles']):.0f} (+{0 if math.isnan(extra) else extra:.0f} graphs in rounds)")
+                f"recompiles={as_number(rec['recompiles']):.0f} "
+                f"(+{0 if math.isnan(extra) else extra:.0f} graphs in rounds)")
     return ""
 
 
 def _parity_ok(rec: dict[str, Any]) -> bool:
-    return (_num(rec["parity_matched_ref"]) >= PARITY_MIN_MATCHED and _num(rec["parity_matched_other"])
-            >= PARITY_MIN_MATCHED and _num(rec["mask_iou_mean"]) >= PARITY_MIN_MASK_IOU)
+    return (as_number(rec["parity_matched_ref"]) >= PARITY_MIN_MATCHED and as_number(rec["parity_matched_other"])
+            >= PARITY_MIN_MATCHED and as_number(rec["mask_iou_mean"]) >= PARITY_MIN_MASK_IOU)
 
 
 def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
@@ -50,7 +52,7 @@ def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
     if name not in SPEED_TARGETS:
         return ""
     base, factor = SPEED_TARGETS[name]
-    base_med, med = medians.get(base, math.nan), _num(rec["median_s"])
+    base_med, med = medians.get(base, math.nan), as_number(rec["median_s"])
     if rec["phase"] == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(med) or math.isnan(base_med):
@@ -63,38 +65,38 @@ def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
     ratio = med / base_med
     text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x)"
     if base == REFERENCE and not _parity_ok(rec):
-        text += ", parity FAILED" if not math.isnan(_num(rec["parity_matched_ref"])) else ", parity not checked"
+        text += ", parity FAILED" if not math.isnan(as_number(rec["parity_matched_ref"])) else ", parity not checked"
     return text
 
 
 def table_frame(records: pd.DataFrame) -> pd.DataFrame:
     """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
     recs = records.to_dict("records")
-    medians = {r["case"]: _num(r["median_s"]) for r in recs}
+    medians = {r["case"]: as_number(r["median_s"]) for r in recs}
     rows = []
     for r in recs:
         ref = TRAIN_REFERENCE if r["phase"] == "training" else REFERENCE
         ref_med = medians.get(ref, math.nan)
         status = r["status"] + (f": {r['detail']}" if r.get("detail") else "")
         parity = ""
-        if not math.isnan(_num(r["parity_matched_ref"])):
+        if not math.isnan(as_number(r["parity_matched_ref"])):
             parity = (f"{r['parity_matched_ref']:.1%} / {r['parity_matched_other']:.1%}, "
-                      f"mask IoU {_num(r['mask_iou_mean']):.3f}")
+                      f"mask IoU {as_number(r['mask_iou_mean']):.3f}")
         rows.append({
             "row": r["row"],
             "status": status,
-            "median_s": _num(r["median_s"]),
-            "iqr_s": _num(r["iqr_s"]),
-            "ratio_vs_tv": _num(r["median_s"]) / ref_med if ref_med == ref_med else math.nan,
-            "images_per_s": _num(r["images_per_s"]),
-            "first_result_s": _num(r["first_result_s"]),
-            "compile_s": _num(r["compile_s"]),
+            "median_s": as_number(r["median_s"]),
+            "iqr_s": as_number(r["iqr_s"]),
+            "ratio_vs_tv": as_number(r["median_s"]) / ref_med if ref_med == ref_med else math.nan,
+            "images_per_s": as_number(r["images_per_s"]),
+            "first_result_s": as_number(r["first_result_s"]),
+            "compile_s": as_number(r["compile_s"]),
             "compiles": compiles_text(r),
-            "gflops_s": _num(r["gflops_s"]),
-            "frac_peak": _num(r["frac_peak"]),
-            "peak_mem_gb": _num(r["peak_mem_gb"]),
-            "box_ap": _num(r.get("box_ap")),
-            "mask_ap": _num(r.get("mask_ap")),
+            "gflops_s": as_number(r["gflops_s"]),
+            "frac_peak": as_number(r["frac_peak"]),
+            "peak_mem_gb": as_number(r["peak_mem_gb"]),
+            "box_ap": as_number(r.get("box_ap")),
+            "mask_ap": as_number(r.get("mask_ap")),
             "parity": parity,
             "target": target_verdict(r, medians),
         })
@@ -131,7 +133,7 @@ def notes(doc: dict[str, Any]) -> list[str]:
         out.append("Peaks (GFLOP/s, best of start and end of run): "
                    + ", ".join(f"{k} {v:.0f}" for k, v in run["peaks"].items())
                    + ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows.")
-    flops = {r["case"]: r["flops"] for r in doc["records"] if not math.isnan(_num(r.get("flops")))}
+    flops = {r["case"]: r["flops"] for r in doc["records"] if not math.isnan(as_number(r.get("flops")))}
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
