@@ -39,6 +39,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -120,6 +121,8 @@ def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, Metr
         raise BaselineError(f'baseline {path} must be a JSON object with a "metrics" object')
     if recipe is not None and data.get("recipe") not in (None, recipe):
         raise BaselineError(f"baseline {path} is for recipe {data.get('recipe')!r}, not {recipe!r}")
+    if recipe is not None and "recipe_settings" in data:
+        _check_recipe_settings(path, recipe, data["recipe_settings"])
     out = {}
     for name in GATED_METRICS:
         entry = data["metrics"].get(name)
@@ -134,6 +137,32 @@ def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, Metr
             raise BaselineError(f'baseline {path}: "metrics"["{name}"]["tolerance"] must be a number >= 0, got {tol!r}')
         out[name] = MetricBaseline(float(mean), float(tol))
     return out
+
+
+# Recipe fields that do not change what a run trains to: editing them keeps the baseline valid.
+_SETTINGS_NOT_TRAINED = frozenset({"description", "target_box_ap"})
+
+
+def _check_recipe_settings(path: Path, recipe: str, stored: Any) -> None:
+    """Refuse a baseline measured with other recipe settings than the recipe has now.
+
+    A baseline is only meaningful for the schedule it was measured with: after a change to the
+    recipe (more steps, another learning rate) the old numbers would gate the new run against the
+    wrong curve, so the gate stops and asks for the baseline to be measured again.
+    """
+    from mrcnn.recipes import get_recipe
+
+    current = json.loads(json.dumps(get_recipe(recipe).as_dict()))  # tuples become lists, as stored
+    if not isinstance(stored, dict):
+        raise BaselineError(f'baseline {path}: "recipe_settings" must be an object')
+    keys = (current.keys() | stored.keys()) - _SETTINGS_NOT_TRAINED
+    changed = sorted(k for k in keys if current.get(k) != stored.get(k))
+    if changed:
+        diffs = "; ".join(f"{k}: baseline {stored.get(k)!r}, recipe now {current.get(k)!r}" for k in changed)
+        raise BaselineError(
+            f"baseline {path} was measured with other settings of recipe {recipe!r} ({diffs}); measure it "
+            f"again with `mrcnn accuracy-gate --recipe {recipe} --write-baseline --seeds 0 1 2 3 4`"
+        )
 
 
 def _is_number(x: Any) -> bool:
@@ -447,10 +476,9 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     commands = []
     if args.from_runs:
         for run_dir in args.from_runs:
-            runs[_run_seed(run_dir)] = final_metrics(run_dir)
-            commands.append(
-                f"mrcnn train --recipe {args.recipe} --seed {_run_seed(run_dir)} --out {run_dir} --threads N"
-            )
+            seed = _run_seed(run_dir)
+            runs[seed] = final_metrics(run_dir)
+            commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {run_dir} --threads N")
     else:
         seeds = args.seeds if args.seeds else [0, 1, 2]
         for seed in seeds:
@@ -458,7 +486,7 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
             train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=args.progress)
             runs[seed] = final_metrics(out)
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
-    commands.append("mrcnn accuracy-gate " + " ".join(sys.argv[1:]))
+    commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
     baseline_path.parent.mkdir(parents=True, exist_ok=True)
     baseline_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
@@ -475,9 +503,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     baseline_path = args.baseline or default_baseline_path(args.recipe)
-    if args.write_baseline:
-        return _write_baseline(args, baseline_path)
     try:
+        if args.write_baseline:
+            return _write_baseline(args, baseline_path)
         result = check_accuracy(
             args.recipe,
             args.checkpoint,

@@ -633,6 +633,8 @@ def _train(
         if info.main:
             _truncate_metrics(metrics_path, step)
         last_checkpoint = Path(resume) if Path(resume).is_file() else latest_checkpoint(resume)
+    elif info.main:
+        _truncate_metrics(metrics_path, 0)  # a fresh run into a used folder starts a fresh curve
 
     ddp_model: nn.Module = model
     if info.distributed:

@@ -75,6 +75,20 @@ def test_bad_baseline_file_gives_a_clear_error(tmp_path, content, match):
     assert str(path) in str(info.value)
 
 
+def test_baseline_of_other_recipe_settings_is_refused(tmp_path):
+    settings = json.loads(json.dumps(get_recipe("ci").as_dict()))
+    path = write_baseline(tmp_path / "b.json")
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "recipe_settings": settings}))
+    assert load_baseline(path, "ci")["bbox/AP"].mean == pytest.approx(0.30)  # same settings: accepted
+    path.write_text(json.dumps({**doc, "recipe_settings": {**settings, "description": "reworded"}}))
+    assert load_baseline(path, "ci")  # a field that does not change the training: still accepted
+
+    path.write_text(json.dumps({**doc, "recipe_settings": {**settings, "steps": settings["steps"] // 2}}))
+    with pytest.raises(BaselineError, match=r"other settings of recipe 'ci' \(steps: baseline \d+, recipe now \d+\)"):
+        load_baseline(path, "ci")
+
+
 def test_pass_and_fail_messages_name_metric_value_baseline_tolerance_and_shortfall(tmp_path):
     base = load_baseline(write_baseline(tmp_path / "b.json"))
     ok, messages = compare_to_baseline({"bbox/AP": 0.28, "segm/AP": 0.26}, base)
@@ -129,6 +143,10 @@ def test_write_baseline_from_run_folders(tmp_path, capsys):
     base = load_baseline(out, "ci")
     assert base["bbox/AP"].mean == pytest.approx(0.2) and base["bbox/AP"].tolerance == pytest.approx(0.3)
     assert final_metrics(tmp_path / "ci-s2")["bbox/AP"] == 0.3
+
+    (tmp_path / "run0").mkdir()  # a folder whose name does not give its seed: exit 2 with the reason
+    assert main([*argv, str(tmp_path / "run0")]) == 2
+    assert "must be named <anything>-s<seed>" in capsys.readouterr().err
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):

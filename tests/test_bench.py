@@ -176,6 +176,27 @@ def test_unknown_case_and_bad_options_are_clear_errors(capsys):
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_images_and_evaluation_come_from_a_coco_layout_split(tmp_path, tiny_weights):
+    """--coco-root ROOT --coco-split S: the timed images are S's, and --eval evaluates S too."""
+    from mrcnn.data.coco import CocoDataset
+    from mrcnn.data.synthetic import generate
+    from mrcnn_bench.runner import make_context
+
+    generate(tmp_path, 3, seed=0, split="train", progress=False)
+    weights = tmp_path / "weights.pt"
+    torch.save(tiny_weights, weights)
+    args = cli.build_parser().parse_args(
+        ["run", "--coco-root", str(tmp_path), "--coco-split", "train", "--eval", "2", "--images", "2",
+         "--weights", str(weights)])
+    opts = cli.run_options(args)
+    assert (opts.coco_split, opts.eval_root, opts.eval_split) == ("train", str(tmp_path), "train")
+    ctx, _ = make_context(opts.workload, opts.weights, 0, 1, False, opts.coco_root, opts.overrides, opts.coco_split)
+    expected = CocoDataset(tmp_path, "train")
+    assert len(ctx.images) == 2
+    for i, image in enumerate(ctx.images):
+        assert torch.equal(image, expected[i][0].float() / 255)
+
+
 # ------------------------------------------------------------------------------------------------
 # compare A B on stored runs
 

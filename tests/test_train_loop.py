@@ -147,6 +147,9 @@ def test_resume_continues_exactly(cfg, data, tmp_path):
         assert torch.equal(state["momentum_buffer"], end_b["optimizer"]["state"][key]["momentum_buffer"])
     assert end_a["scheduler"]["last_epoch"] == end_b["scheduler"]["last_epoch"] == 5
 
+    run(cfg, data, straight, steps=2)  # a fresh run (no resume) into a used folder starts a fresh curve
+    assert [r["step"] for r in records(straight)] == [1, 2]
+
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cfg, data, tmp_path, monkeypatch):
     class NanAtFourthStep(MaskRCNN):

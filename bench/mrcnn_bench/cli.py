@@ -57,11 +57,13 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coco-root", default=None,
                    help="COCO 2017 root (annotations/instances_val2017.json, val2017/): its images instead of "
                         "generated ones")
+    p.add_argument("--coco-split", default="val2017",
+                   help="split of --coco-root whose first --images images are timed (default: val2017)")
     p.add_argument("--eval", dest="eval_images", type=int, default=0, metavar="N",
                    help="also COCO box/mask AP of static/eager and torchvision/eager on N images of the "
-                        "evaluation set (--coco-root's val2017, else generated synthetic val images)")
+                        "evaluation set (--coco-root's --coco-split, else generated synthetic val images)")
     p.add_argument("--eval-root", default=None, help="COCO-layout root of the evaluation set (default: --coco-root)")
-    p.add_argument("--eval-split", default=None, help="its split (default: val2017, or val for --eval-root)")
+    p.add_argument("--eval-split", default=None, help="its split (default: --coco-split, or val for --eval-root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override,
                    metavar="KEY=VALUE", help="config override for every row (repeatable)")
     p.add_argument("--reuse-compile-cache", action="store_true",
@@ -97,6 +99,7 @@ def run_options(args: argparse.Namespace, rows=None):
         time_limit=args.time_limit or DEFAULT_TIME_LIMIT.get(args.preset, 300.0),
         weights=args.weights,
         coco_root=args.coco_root,
+        coco_split=args.coco_split,
         overrides=overrides,
         fresh_compile_cache=not args.reuse_compile_cache,
         progress=not args.no_progress,
@@ -105,7 +108,7 @@ def run_options(args: argparse.Namespace, rows=None):
         profile=args.profile,
         eval_images=args.eval_images,
         eval_root=args.eval_root or args.coco_root,
-        eval_split=args.eval_split or ("val" if args.eval_root else "val2017"),
+        eval_split=args.eval_split or ("val" if args.eval_root else args.coco_split),
     )
 
 

@@ -215,6 +215,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accuracy", default="ci", metavar="RECIPE",
                    help="accuracy-gate recipe (default: ci); 'none' to skip")
     p.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training the recipe")
+    p.add_argument("--accuracy-out", default=None, metavar="DIR",
+                   help="keep the accuracy run's training output here (metrics.jsonl curve, checkpoints)")
     p.add_argument("--latency-against", default=None, metavar="REF",
                    help="also gate latency: the working tree against this git ref, interleaved")
     p.add_argument("--latency-cases", default="static/eager")
@@ -268,8 +270,9 @@ def check_compiles(args: argparse.Namespace, report: dict[str, Any]) -> list[str
 def check_accuracy(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
     from mrcnn.accuracy import check_accuracy as accuracy_gate
 
-    result = accuracy_gate(recipe=args.accuracy, checkpoint=args.checkpoint, progress=True)
-    report["accuracy"] = {"passed": result.passed, "messages": list(result.messages), "metrics": result.metrics}
+    result = accuracy_gate(recipe=args.accuracy, checkpoint=args.checkpoint, out_dir=args.accuracy_out, progress=True)
+    report["accuracy"] = {"passed": result.passed, "messages": list(result.messages), "metrics": result.metrics,
+                          "wall_time_s": result.wall_time}
     for msg in result.messages:
         print(f"gate: accuracy: {msg}", file=sys.stderr)
     return [] if result.passed else [f"accuracy: {m}" for m in result.failures]

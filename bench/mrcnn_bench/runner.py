@@ -126,14 +126,15 @@ def training_samples(size: tuple[int, int], count: int, seed: int) -> list[tuple
 
 
 def make_context(workload: Workload, weights: str | None, seed: int, threads: int, need_training: bool,
-                 coco_root: str | None = None, overrides: dict[str, Any] | None = None) -> tuple[Context, str]:
+                 coco_root: str | None = None, overrides: dict[str, Any] | None = None,
+                 coco_split: str = "val2017") -> tuple[Context, str]:
     """Images, weights and training samples for a run; returns (context, description of the weights)."""
     from mrcnn.config import get_config
     from mrcnn.weights import synthetic_weights, textured_images
 
     cfg = get_config(workload.preset, **(overrides or {}))
     sizes = (workload.image_size,) * workload.images
-    images = coco_images(coco_root, workload.images) if coco_root else textured_images(sizes, seed)
+    images = coco_images(coco_root, workload.images, coco_split) if coco_root else textured_images(sizes, seed)
     if weights:
         state = load_weights_file(weights)
         desc = f"file {weights}"
@@ -619,6 +620,7 @@ class RunOptions:
     time_limit: float = 120.0
     weights: str | None = None
     coco_root: str | None = None
+    coco_split: str = "val2017"  # the split of coco_root whose images are timed
     overrides: dict[str, Any] = field(default_factory=dict)
     fresh_compile_cache: bool = True
     progress: bool = True
@@ -668,7 +670,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
             active.append(r)
     need_training = any(r.row.case.phase == "training" for r in active)
     ctx, weights_desc = make_context(opts.workload, opts.weights, opts.seed, threads, need_training,
-                                     opts.coco_root, opts.overrides)
+                                     opts.coco_root, opts.overrides, opts.coco_split)
     log(f"{opts.workload.label}, {len(ctx.images)} image(s), threads {threads}, weights {weights_desc}")
     peaks_start = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
 
@@ -794,7 +796,7 @@ def run(opts: RunOptions) -> dict[str, Any]:
         "threads": threads,
         "options": {"rounds": opts.rounds, "warmup": opts.warmup, "seed": opts.seed,
                     "fresh_compile_cache": opts.fresh_compile_cache, "coco_root": opts.coco_root,
-                    "overrides": opts.overrides},
+                    "coco_split": opts.coco_split, "overrides": opts.overrides},
     }
 
 
