@@ -27,7 +27,7 @@ Command line::
     mrcnn accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline results/accuracy/ci.json]
                         [--seed 0] [--inject-fault box_coder|mask_shift]
     mrcnn accuracy-gate --recipe ci --write-baseline --from-runs out/ci-s0 out/ci-s1 out/ci-s2
-    mrcnn accuracy-gate --recipe ci --write-baseline --seeds 0 1 2    # trains the seeds first
+    mrcnn accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4    # trains the seeds first
 """
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ import torch
 
 GATED_METRICS: tuple[str, ...] = ("bbox/AP", "segm/AP")
 DEFAULT_K_STD = 3.0
-DEFAULT_FLOOR = 0.02
+# The floor guards against a lucky tight spread: a sample std from 5 seeds can be half the true one,
+# and the CI run differs from the baseline's runs in thread count (float summation order) as well.
+# Measured on the ci recipe: mask AP std 0.007 over 5 seeds, and a CI run 1.3 std below the mean.
+DEFAULT_FLOOR = 0.04
 MASK_SHIFT_PIXELS = 3
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "results" / "accuracy"
 
@@ -456,7 +459,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--from-runs", nargs="*", type=Path, default=None, help="finished run folders, each named <anything>-s<seed>"
     )
-    group.add_argument("--seeds", nargs="*", type=int, default=None, help="train these seeds (without --from-runs)")
+    group.add_argument(
+        "--seeds", nargs="*", type=int, default=None, help="train these seeds (without --from-runs; default 0-4)"
+    )
     group.add_argument("--k-std", type=float, default=DEFAULT_K_STD, help=f"default {DEFAULT_K_STD:g}")
     group.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help=f"default {DEFAULT_FLOOR:g} absolute AP")
     group.add_argument("--notes", default="", help="free text stored in the baseline")
@@ -480,7 +485,7 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
             runs[seed] = final_metrics(run_dir)
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {run_dir} --threads N")
     else:
-        seeds = args.seeds if args.seeds else [0, 1, 2]
+        seeds = args.seeds if args.seeds else [0, 1, 2, 3, 4]
         for seed in seeds:
             out = (args.out or Path("out")) / f"{args.recipe}-s{seed}"
             train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=args.progress)

@@ -17,13 +17,13 @@ Recipes (measured numbers in ``results/training/`` and ``results/accuracy/``):
 ``ci``
     A fitting test sized for CI: the same model on 224-px images, 1200 steps of 4 images (decay at
     1000) on 48 images, evaluated on those same images every 200 steps. AP takes off between steps
-    400 and 800 and ends near box AP 0.8 / mask AP 0.66, where seeds agree to about 0.01: far enough
-    up the curve that a broken box coder or misaligned mask targets cost more than the seed spread
-    (``results/accuracy/teeth.md``). About 1000 CPU-seconds of steps at one thread: 8-10 minutes on
-    2 idle cores. Its baseline (``results/accuracy/ci.json``) is what the accuracy gate checks on
-    every change. (At 600 steps, the first version of this recipe, AP was 0.14-0.21 and rising
-    steeply, and neither fault failed the gate.) ``target_box_ap`` 0.5 is where time to accuracy
-    is measured.
+    400 and 800 and ends near box AP 0.81 / mask AP 0.67, where 5 seeds agree within 0.05 / 0.02:
+    far enough up the curve that a broken box coder or misaligned mask targets cost more than the
+    seed spread (``results/accuracy/teeth.md``). About 1000 CPU-seconds of steps at one thread;
+    0.73 s per step at 2 threads, so about 15 minutes on 2 idle cores. Its baseline
+    (``results/accuracy/ci.json``) is what the accuracy gate checks on every change. (At 600 steps,
+    the first version of this recipe, AP was 0.14-0.21 and rising steeply, and neither fault failed
+    the gate.) ``target_box_ap`` 0.5 is where time to accuracy is measured.
 
 Both use AdamW with gradient clipping rather than torchvision's SGD: from random init the
 backbone's frozen batch norms are identities and nothing normalises its activations. In 200

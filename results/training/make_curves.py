@@ -63,7 +63,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.5))
     colors = plt.get_cmap("tab10").colors
     for index, (label, rows) in enumerate(runs.items()):
         color = colors[index % len(colors)]  # one colour per run; solid: box AP, dashed: mask AP
@@ -82,11 +82,12 @@ def main() -> None:
     axes[2].set_xlabel("step")
     axes[2].set_ylabel("training loss (sum of the five)")
     axes[2].grid(alpha=0.3)
-    axes[2].legend(fontsize=8)
+    many = len(runs) > 4  # many runs: smaller legends in two columns, so they do not hide the curves
+    axes[2].legend(fontsize=6 if many else 8)
     for ax in axes[:2]:
         ax.set_ylabel("COCO AP (IoU .50:.95)")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=6 if many else 8, ncol=2 if many else 1, loc="upper left")
     if args.title:
         fig.suptitle(args.title, fontsize=10)
     fig.tight_layout()
