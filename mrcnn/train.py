@@ -71,6 +71,7 @@ import ast
 import bisect
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 import os
@@ -785,21 +786,13 @@ def _parse_override(text: str) -> tuple[str, Any]:
     return key.strip(), parsed
 
 
-# Flag defaults when no recipe gives a value (the recipe's values win over these, explicit flags over both).
+# Flag defaults when no recipe gives a value (the recipe's values win over these, explicit flags over
+# both): train()'s own keyword defaults, so the command line and the Python API cannot drift apart.
+_RECIPE_FLAGS = ("batch_size", "lr", "momentum", "weight_decay", "optimizer", "clip_grad_norm", "init",
+                 "warmup_iters", "warmup_factor", "lr_steps", "gamma", "eval_every")  # fmt: skip
 _DEFAULTS: dict[str, Any] = {
     "preset": "tiny",
-    "batch_size": 2,
-    "lr": 0.02,
-    "momentum": 0.9,
-    "weight_decay": 1e-4,
-    "optimizer": "sgd",
-    "clip_grad_norm": 0.0,
-    "init": "default",
-    "warmup_iters": 1000,
-    "warmup_factor": 0.001,
-    "lr_steps": [],
-    "gamma": 0.1,
-    "eval_every": 0,
+    **{name: inspect.signature(train).parameters[name].default for name in _RECIPE_FLAGS},
 }
 
 
@@ -845,16 +838,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         default=None,
         help="images per rank and step (default 2; a recipe's is split over ranks)",
     )
-    parser.add_argument("--lr", type=float, default=None, help="default 0.02")
-    parser.add_argument("--momentum", type=float, default=None, help="default 0.9")
-    parser.add_argument("--weight-decay", type=float, default=None, help="default 1e-4")
+    parser.add_argument("--lr", type=float, default=None, help=f"default {_DEFAULTS['lr']:g}")
+    parser.add_argument("--momentum", type=float, default=None, help=f"default {_DEFAULTS['momentum']:g}")
+    parser.add_argument("--weight-decay", type=float, default=None, help=f"default {_DEFAULTS['weight_decay']:g}")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default sgd")
     parser.add_argument("--init", choices=INITS, default=None, help="random init scheme (default: default)")
     parser.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default 0: off)")
-    parser.add_argument("--warmup-iters", type=int, default=None, help="default 1000")
-    parser.add_argument("--warmup-factor", type=float, default=None, help="default 0.001")
+    parser.add_argument("--warmup-iters", type=int, default=None, help=f"default {_DEFAULTS['warmup_iters']:g}")
+    parser.add_argument("--warmup-factor", type=float, default=None, help=f"default {_DEFAULTS['warmup_factor']:g}")
     parser.add_argument("--lr-steps", type=int, nargs="*", default=None, help="milestones, in steps")
-    parser.add_argument("--gamma", type=float, default=None, help="default 0.1")
+    parser.add_argument("--gamma", type=float, default=None, help=f"default {_DEFAULTS['gamma']:g}")
     parser.add_argument("--amp", choices=AMP_MODES, default="none")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     parser.add_argument("--seed", type=int, default=0)
@@ -892,7 +885,7 @@ def resolve_arguments(args: argparse.Namespace) -> tuple[Config, dict[str, Any]]
         raise SystemExit("error: give --steps or --epochs (or a --recipe)")
     if data is None:
         raise SystemExit("error: --data is required without --recipe")
-    for key in _DEFAULTS:
+    for key in _DEFAULTS:  # preset and the _RECIPE_FLAGS
         value = getattr(args, key)
         if value is not None:
             settings[key] = value
