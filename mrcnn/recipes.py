@@ -10,10 +10,11 @@ Recipes (measured numbers in ``results/training/`` and ``results/accuracy/``):
 
 ``tiny``
     The convergence recipe: the ``tiny`` preset (ResNet-18 FPN, random init) with fewer sampled
-    RoIs and kept proposals, 400 steps of 4 images at 320 px with an evaluation every 100 steps,
-    sized to stay inside 15 minutes on 2 idle CPU cores (a step took about 1.1 s at 2 threads on
-    the idle machine, so about 8 minutes of steps plus 4 evaluations of 100 images).
-    ``target_box_ap`` is the box AP at which time to accuracy is measured.
+    RoIs and kept proposals, trained as ``ci`` is (same image sizes, optimiser and schedule) but on
+    400 images and evaluated every 200 steps on 100 held-out ones: what the model generalises to in
+    about 15 minutes of steps on 2 idle CPU cores (1200 steps at 0.73 s), plus 6 evaluations. It
+    ends near held-out box AP 0.18 / mask AP 0.17, as does torchvision's model. ``target_box_ap``
+    (the issue's aim, 0.5) is where time to accuracy is measured; held-out AP stays far below it.
 ``ci``
     A fitting test sized for CI: the same model on 224-px images, 1200 steps of 4 images (decay at
     1000) on 48 images, evaluated on those same images every 200 steps. AP takes off between steps
@@ -124,7 +125,7 @@ _FEWER_ROIS: tuple[tuple[str, Any], ...] = (
     ("rpn_post_nms_top_n_train", 300),
 )
 
-# The CI recipe's images: short side 224, long side at most 352 (about half the pixels of 320/512).
+# Both recipes' images: short side 224, long side at most 352 (about half the pixels of 320/512).
 _SMALL_IMAGES: tuple[tuple[str, Any], ...] = (
     ("min_size", 224),
     ("max_size", 352),
@@ -134,22 +135,22 @@ _SMALL_IMAGES: tuple[tuple[str, Any], ...] = (
 RECIPES: dict[str, Recipe] = {
     "tiny": Recipe(
         name="tiny",
-        description="tiny preset from scratch on the synthetic set, inside 15 minutes on 2 idle CPU cores",
+        description="tiny preset from scratch on 400 synthetic images at 224 px, evaluated on 100 held-out ones",
         preset="tiny",
-        overrides=_FEWER_ROIS,
+        overrides=_FEWER_ROIS + _SMALL_IMAGES,
         train_images=400,
         val_images=100,
         data_seed=0,
-        steps=400,
+        steps=1200,
         batch_size=4,
-        lr=5e-4,
-        warmup_iters=100,
+        lr=1e-3,
+        warmup_iters=50,
         warmup_factor=0.001,
-        lr_steps=(320,),
+        lr_steps=(1000,),
         optimizer="adamw",
         clip_grad_norm=10.0,
-        eval_every=100,
-        target_box_ap=0.5,  # the issue's aim; not reached here (results/training/README.md)
+        eval_every=200,
+        target_box_ap=0.5,  # the issue's aim; not reached on held-out images (results/training/README.md)
     ),
     "ci": Recipe(
         name="ci",

@@ -11,7 +11,7 @@ truth is appended to the P proposals, every candidate is matched (Matcher(fg, bg
 K = min(box_batch_size_per_image, P + G) candidates per image are sampled, positives first. The
 mask branch takes the first int(box_batch_size_per_image * box_positive_fraction) sampled slots
 (the positive quota, capped at K): they hold every sampled positive, and the loss counts only
-those.
+those. ``mask_rois_per_image`` shortens that prefix to a random subset of the positives.
 """
 
 from __future__ import annotations
@@ -148,8 +148,11 @@ class RoIHeads(nn.Module):
         class_logits, deltas = self.box_logits(features, rois)
         losses = fastrcnn_losses(class_logits, deltas, roi_labels, regression, samples)
 
-        # Positives fill the first slots, so the positive quota holds every sampled positive.
+        # Positives fill the first slots in a uniformly random order, so the positive quota holds
+        # every sampled positive and any shorter prefix a random subset of them.
         m = min(int(cfg.box_batch_size_per_image * cfg.box_positive_fraction), idx.shape[1])
+        if cfg.mask_rois_per_image:
+            m = min(m, cfg.mask_rois_per_image)
         if m == 0:  # static: a config without positives has no mask loss to learn
             losses["loss_mask"] = class_logits.sum() * 0.0
             return losses

@@ -106,7 +106,7 @@ def run_dir(tmp_path_factory, tiny_weights):
     code = cli.main([
         "run", "--preset", "tiny", "--cases", "torchvision/eager,static/eager,static/train,static/cuda",
         "--rounds", "3", "--images", "1", "--weights", str(weights), "--out", str(tmp / "out"), "--name", "t",
-        "--no-progress", "--peak-reps", "1",
+        "--no-progress", "--peak-reps", "1", "--set", "box_score_thresh=0.05",  # the default, recorded
     ])
     assert code == 0
     return tmp / "out"
@@ -135,6 +135,7 @@ def test_run_tables_and_html(run_dir):
     if not torch.cuda.is_available():
         assert "skipped: no CUDA device" in md
     assert "100.0% / 100.0%" in md  # static/eager against torchvision, both directions
+    assert "Workload: preset tiny, box_score_thresh=0.05, images" in md  # config overrides are shown
     assert "<table" in (run_dir / "t.html").read_text()
     assert (run_dir / "t_inference.png").stat().st_size > 1000
     assert "ratio_vs_tv" in (run_dir / "t.csv").read_text()

@@ -374,6 +374,36 @@ def test_padding_slot_of_an_incomplete_batch_is_ignored(tiny_cfg):
         assert torch.allclose(alone[name], padded[name], rtol=1e-5, atol=1e-7), name
 
 
+def test_mask_rois_per_image_trains_the_mask_head_on_a_prefix_of_the_positives(tiny_cfg):
+    """The knob shortens the mask branch to the first k of the same (randomly ordered) positive slots."""
+    images = textured_images(SMALL_SIZES, seed=2)
+    torch.manual_seed(0)
+    weights = MaskRCNN(small_cfg(tiny_cfg)).state_dict()
+
+    def mask_head_input(**overrides) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = small_cfg(tiny_cfg, **overrides)
+        model = MaskRCNN(cfg).train()
+        model.load_state_dict(weights)
+        batch = to_image_batch(images, cfg)
+        seen = []
+        model.roi_heads.mask_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+        torch.manual_seed(0)  # the same sampling keys in every run
+        with torch.no_grad():
+            losses = model(batch, random_targets(cfg, batch, [4, 3], seed=2))
+        return seen[0].reshape(2, -1, *seen[0].shape[1:]), losses["loss_mask"]
+
+    full, full_loss = mask_head_input()
+    quota = small_cfg(tiny_cfg).box_batch_size_per_image // 4  # box_positive_fraction 0.25
+    assert full.shape[1] == quota
+    same, same_loss = mask_head_input(mask_rois_per_image=quota)
+    assert torch.equal(same, full) and torch.equal(same_loss, full_loss)
+    short, short_loss = mask_head_input(mask_rois_per_image=2)
+    assert short.shape[1] == 2 and torch.equal(short, full[:, :2])
+    assert torch.isfinite(short_loss) and float(short_loss) > 0
+    with pytest.raises(ValueError, match="mask_rois_per_image"):
+        small_cfg(tiny_cfg, mask_rois_per_image=-1)
+
+
 def test_eval_mode_ignores_targets_and_training_needs_them(tiny_cfg):
     cfg = small_cfg(tiny_cfg)
     model = MaskRCNN(cfg)

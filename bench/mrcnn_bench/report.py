@@ -146,8 +146,10 @@ def notes(doc: dict[str, Any]) -> list[str]:
         load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]
         out.append(f"Median 1-min load average during the rounds: {load:.1f} on {env['affinity']} usable cores.")
     w = run["workload"]
+    overrides = run["options"].get("overrides") or {}
+    preset = w["preset"] + "".join(f", {k}={v}" for k, v in overrides.items())
     out.append(
-        f"Workload: preset {w['preset']}, images {w['image_size'][0]}x{w['image_size'][1]}, "
+        f"Workload: preset {preset}, images {w['image_size'][0]}x{w['image_size'][1]}, "
         f"{w['batch_size']} per inference call; weights {run['weights']}; rounds {run['options']['rounds']} "
         f"(warm-up {run['options']['warmup']}); time limit of bounded rows {run['limit_s']:g} s; "
         f"whole run {run['total_s']:.0f} s."
