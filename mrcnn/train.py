@@ -836,14 +836,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--batch-size",
         type=int,
         default=None,
-        help="images per rank and step (default 2; a recipe's is split over ranks)",
+        help=f"images per rank and step (default {_DEFAULTS['batch_size']}; a recipe's is split over ranks)",
     )
     parser.add_argument("--lr", type=float, default=None, help=f"default {_DEFAULTS['lr']:g}")
     parser.add_argument("--momentum", type=float, default=None, help=f"default {_DEFAULTS['momentum']:g}")
     parser.add_argument("--weight-decay", type=float, default=None, help=f"default {_DEFAULTS['weight_decay']:g}")
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help="default sgd")
-    parser.add_argument("--init", choices=INITS, default=None, help="random init scheme (default: default)")
-    parser.add_argument("--clip-grad-norm", type=float, default=None, help="clip the gradient norm (default 0: off)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default=None, help=f"default {_DEFAULTS['optimizer']}")
+    parser.add_argument("--init", choices=INITS, default=None, help=f"init scheme (default {_DEFAULTS['init']!r})")
+    clip = _DEFAULTS["clip_grad_norm"]
+    parser.add_argument(
+        "--clip-grad-norm", type=float, default=None, help=f"clip the gradient norm (default {clip:g}; 0 is off)"
+    )
     parser.add_argument("--warmup-iters", type=int, default=None, help=f"default {_DEFAULTS['warmup_iters']:g}")
     parser.add_argument("--warmup-factor", type=float, default=None, help=f"default {_DEFAULTS['warmup_factor']:g}")
     parser.add_argument("--lr-steps", type=int, nargs="*", default=None, help="milestones, in steps")
