@@ -165,7 +165,7 @@ def _check_recipe_settings(path: Path, recipe: str, stored: Any) -> None:
         diffs = "; ".join(f"{k}: baseline {stored.get(k)!r}, recipe now {current.get(k)!r}" for k in changed)
         raise BaselineError(
             f"baseline {path} was measured with other settings of recipe {recipe!r} ({diffs}); measure it "
-            f"again with `mrcnn accuracy-gate --recipe {recipe} --write-baseline --seeds 0 1 2 3 4`"
+            f"again with `mrcnn accuracy-gate --recipe {recipe} --write-baseline` (seeds {list(DEFAULT_SEEDS)})"
         )
 
 
