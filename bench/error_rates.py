@@ -6,9 +6,10 @@ Case: the tiny preset with ``synthetic_weights(cfg, seed=0)``, static model, CPU
 of textured images (default one 320x448 image, about 0.3 s per call with one thread). Each trial
 builds nothing new: it times two model instances, A and B, interleaved in rounds (A B, then B A,
 ...), after a warm-up, and applies :func:`mrcnn_bench.stats.compare_latency`. In an A/A trial B
-has A's settings (a separate instance, as a second install would be); in an A/B trial B has
-``inject_slowdown`` set (extra compute inside the forward, outputs unchanged). A/A and A/B trials
-alternate, so load changes during the study hit both kinds alike.
+has A's settings (a separate instance, as a second install would be); in an A/B trial B has the
+harness's slowdown hook (:func:`mrcnn_bench.slowdown.inject_slowdown`: extra compute inside the
+forward, outputs unchanged). A/A and A/B trials alternate, so load changes during the study hit
+both kinds alike.
 
 Each trial times the largest round count asked for; a smaller count N is judged on the trial's
 first N rounds, which is exactly what a run of N rounds would have timed. Both rules (paired
@@ -34,6 +35,7 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from mrcnn_bench.slowdown import inject_slowdown
 from mrcnn_bench.stats import RULES, compare_latency, min_p_value
 
 FALSE_ALARM_GOAL = 0.05  # at most
@@ -154,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=10, help="trials of each kind, A/A and A/B (default 10)")
     parser.add_argument("--rounds", default="7,15,25", help="round counts to judge, comma-separated (default 7,15,25)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed calls of each model per trial (default 2)")
-    parser.add_argument("--slowdown", type=float, default=0.10, help="inject_slowdown of B in A/B trials")
+    parser.add_argument("--slowdown", type=float, default=0.10, help="inject_slowdown fraction of B in A/B trials")
     parser.add_argument("--size", type=_size, default=(320, 448), help="image HxW (default 320x448)")
     parser.add_argument("--images", type=int, default=1, help="images per call (default 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -171,14 +173,38 @@ def main(argv: list[str] | None = None) -> None:
     cfg = get_config("tiny")
     weights = synthetic_weights(cfg, seed=0)
 
-    def build(slowdown: float) -> MaskRCNN:
-        return load_torchvision_weights(MaskRCNN(cfg.replace(inject_slowdown=slowdown)).eval(), weights)
+    def build() -> MaskRCNN:
+        return load_torchvision_weights(MaskRCNN(cfg).eval(), weights)
 
-    a, a2, slow = build(0.0), build(0.0), build(args.slowdown)
+    a, a2, slow = build(), build(), build()
+    inject_slowdown(slow, args.slowdown)
     batch = to_image_batch(textured_images((args.size,) * args.images, seed=1), cfg)
 
     load_start = os.getloadavg()
     start = time.perf_counter()
+    trials = run_trials(a, a2, slow, batch, args, max_rounds)
+    wall = time.perf_counter() - start
+    setup = {
+        "preset": cfg.name, "size": list(args.size), "images": args.images,
+        "torch_threads": torch.get_num_threads(),
+        "trials_per_kind": args.trials, "round_counts": round_counts, "max_rounds": max_rounds,
+        "warmup": args.warmup, "slowdown": args.slowdown, "threshold": args.threshold, "alpha": args.alpha,
+        "median_call_s": statistics.median(x for t in trials for x in t["a"]),
+        "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
+        "nice": os.nice(0), "cpu_count": os.cpu_count(), "wall_s": wall, "torch": torch.__version__,
+        "python": platform.python_version(), "machine": platform.machine(),
+    }
+    result = {"setup": setup, **spread(trials),
+              "summary": summarize(trials, round_counts, args.threshold, args.alpha), "trials": trials}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "error_rates.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_markdown(args.out / "error_rates.md", result)
+    print((args.out / "error_rates.md").read_text(encoding="utf-8"))
+
+
+def run_trials(a: MaskRCNN, a2: MaskRCNN, slow: MaskRCNN, batch, args: argparse.Namespace,
+               max_rounds: int) -> list[dict]:
+    """A/A and A/B trials, alternating; each with its timings, load and verdict at ``max_rounds``."""
     trials = []
     total = 2 * args.trials * max_rounds
     with torch.inference_mode(), tqdm(total=total, desc="rounds", unit="round") as bar:
@@ -192,21 +218,14 @@ def main(argv: list[str] | None = None) -> None:
             verdict.update({f"regression_{rule}": v.regression_by(rule) for rule in RULES})
             trials.append({"kind": kind, "loadavg": os.getloadavg(), **times, "verdict": verdict})
             bar.set_postfix(kind=kind, ratio=f"{v.paired_ratio:.3f}")
-    wall = time.perf_counter() - start
+    return trials
 
+
+def spread(trials: list[dict]) -> dict:
+    """The slowdown the A/B trials measured, and how far A/A trials strayed from 1."""
     ab = [t["verdict"] for t in trials if t["kind"] == "ab"]
     aa = [t["verdict"] for t in trials if t["kind"] == "aa"]
-    result = {
-        "setup": {
-            "preset": cfg.name, "size": list(args.size), "images": args.images,
-            "torch_threads": torch.get_num_threads(),
-            "trials_per_kind": args.trials, "round_counts": round_counts, "max_rounds": max_rounds,
-            "warmup": args.warmup, "slowdown": args.slowdown, "threshold": args.threshold, "alpha": args.alpha,
-            "median_call_s": statistics.median(x for t in trials for x in t["a"]),
-            "loadavg_start": [round(x, 2) for x in load_start], "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-            "nice": os.nice(0), "cpu_count": os.cpu_count(), "wall_s": wall, "torch": torch.__version__,
-            "python": platform.python_version(), "machine": platform.machine(),
-        },
+    return {
         "effective_slowdown": {
             "paired_ratio_median": statistics.median(v["paired_ratio"] for v in ab),
             "paired_ratio_min": min(v["paired_ratio"] for v in ab),
@@ -215,13 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "aa_spread": {"paired_ratio_min": min(v["paired_ratio"] for v in aa),
                       "paired_ratio_max": max(v["paired_ratio"] for v in aa)},
-        "summary": summarize(trials, round_counts, args.threshold, args.alpha),
-        "trials": trials,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "error_rates.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    write_markdown(args.out / "error_rates.md", result)
-    print((args.out / "error_rates.md").read_text(encoding="utf-8"))
 
 
 if __name__ == "__main__":

@@ -108,6 +108,36 @@ def make_batches(
     return out
 
 
+def time_reference_path(batches: list[tuple[Detections, ImageBatch, list[int]]], results: dict[str, list],
+                        count: int, total_images: int) -> str:
+    """Time ``postprocess`` (full-size paste) + ``encode_masks`` on ``count`` images; they must give ``results``.
+
+    Only a few images: 100 pasted float masks at 480x640 are 120 MB per image, and pasting them
+    takes seconds. Returns the line to print, extrapolated to ``total_images``.
+    """
+    n_done, t_paste, t_encode = 0, 0.0, 0.0
+    for det, batch, chunk in batches:
+        for i, image_id in enumerate(chunk):
+            if n_done == count:
+                break
+            one = slice(i, i + 1)
+            t0 = time.perf_counter()
+            outputs = postprocess(Detections(*(t[one] for t in det)), ImageBatch(*(t[one] for t in batch)))
+            t1 = time.perf_counter()
+            slow = to_coco_results(outputs, [image_id])
+            t_paste, t_encode = t_paste + t1 - t0, t_encode + time.perf_counter() - t1
+            fast = {k: [d for d in v if d["image_id"] == image_id] for k, v in results.items()}
+            if slow != fast:
+                raise SystemExit(f"image {image_id}: box-local encoding differs from postprocess + encode_masks")
+            n_done += 1
+    scale = total_images / n_done
+    return (
+        f"reference path (postprocess full-size paste + encode_masks), {n_done} images, identical results: "
+        f"paste {t_paste / n_done:.3f} s/img, encode {t_encode / n_done:.3f} s/img, "
+        f"about {(t_paste + t_encode) * scale:.0f} s for {total_images} images"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--images", type=int, default=500)
@@ -139,29 +169,7 @@ def main() -> None:
     timings["boxes + masks to RLE (box-local)"] = time.perf_counter() - t0
 
     if args.full_paste_images:
-        # The reference path, on a few images only: 100 pasted float masks at 480x640 are 120 MB
-        # per image, and pasting them takes seconds. It must give the very same results.
-        n_done, t_paste, t_encode = 0, 0.0, 0.0
-        for det, batch, chunk in batches:
-            for i, image_id in enumerate(chunk):
-                if n_done == args.full_paste_images:
-                    break
-                one = slice(i, i + 1)
-                t0 = time.perf_counter()
-                outputs = postprocess(Detections(*(t[one] for t in det)), ImageBatch(*(t[one] for t in batch)))
-                t1 = time.perf_counter()
-                slow = to_coco_results(outputs, [image_id])
-                t_paste, t_encode = t_paste + t1 - t0, t_encode + time.perf_counter() - t1
-                fast = {k: [d for d in v if d["image_id"] == image_id] for k, v in results.items()}
-                if slow != fast:
-                    raise SystemExit(f"image {image_id}: box-local encoding differs from postprocess + encode_masks")
-                n_done += 1
-        scale = args.images / n_done
-        print(
-            f"reference path (postprocess full-size paste + encode_masks), {n_done} images, identical results: "
-            f"paste {t_paste / n_done:.3f} s/img, encode {t_encode / n_done:.3f} s/img, "
-            f"about {(t_paste + t_encode) * scale:.0f} s for {args.images} images"
-        )
+        print(time_reference_path(batches, results, args.full_paste_images, args.images))
 
     metrics = {}
     for iou_type in ("bbox", "segm"):

@@ -1,6 +1,6 @@
 """Where a training step's time goes, static model vs torchvision's, and what that bounds.
 
-Runs the harness's own training step (``mrcnn_bench.runner.Pipeline`` for ``static/train`` and
+Runs the harness's own training step (``mrcnn_bench.pipelines.Pipeline`` for ``static/train`` and
 ``torchvision/train``: same samples, same init, SGD) under ``torch.profiler`` and prints, per
 implementation, the top operators by self CPU time and the share spent in convolutions (forward
 and backward). Both models run the same backbone and FPN convolutions, so that share of
@@ -19,9 +19,11 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mrcnn_bench.cases import Case, Workload
-from mrcnn_bench.cli import parse_override, parse_size
-from mrcnn_bench.runner import Pipeline, Row, make_context
+from mrcnn.overrides import parse_override
+from mrcnn_bench.cases import Case, Row, Workload
+from mrcnn_bench.cli import parse_size
+from mrcnn_bench.context import ContextOptions, make_context
+from mrcnn_bench.pipelines import Pipeline
 
 CONV_OPS = (
     "aten::mkldnn_convolution",
@@ -43,7 +45,8 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     workload = Workload(preset=args.preset, **({"image_size": args.image_size} if args.image_size else {}))
-    ctx, _ = make_context(workload, None, 0, args.threads, True, overrides=dict(args.overrides))
+    options = ContextOptions(workload, seed=0, threads=args.threads, need_training=True, overrides=dict(args.overrides))
+    ctx, _ = make_context(options)
 
     h, w = workload.image_size
     lines = [f"# Training step profile: {args.preset} {h}x{w}, batch 2, {args.threads} threads, {args.steps} steps", ""]

@@ -11,20 +11,21 @@ import os
 import time
 
 import pytest
+import torch
 
 from mrcnn_bench import backends
-from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD
-from mrcnn_bench.runner import Pipeline, Row, count_flops, make_context
+from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD, Row
+from mrcnn_bench.context import ContextOptions, make_context
+from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.probes import count_flops
 
 ROUNDS = 5
 
 
 @pytest.fixture(scope="module")
 def context():
-    import torch
-
     torch.set_num_threads(len(os.sched_getaffinity(0)))
-    ctx, _ = make_context(QUICK_WORKLOAD, None, seed=0, threads=torch.get_num_threads(), need_training=True)
+    ctx, _ = make_context(ContextOptions(QUICK_WORKLOAD, seed=0, threads=torch.get_num_threads(), need_training=True))
     return ctx
 
 

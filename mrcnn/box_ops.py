@@ -13,6 +13,8 @@ from torch import Tensor
 
 # torchvision's clamp on dw/dh before exp(): log(1000 / 16).
 BBOX_XFORM_CLIP = math.log(1000.0 / 16)
+# torchvision's RegionProposalNetwork box coder weights (the box head's are cfg.bbox_reg_weights).
+RPN_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 
 
 def decode_boxes(deltas: Tensor, boxes: Tensor, weights: tuple[float, float, float, float]) -> Tensor:

@@ -12,6 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+# torchvision's box-head RoIAlign output (MultiScaleRoIAlign(output_size=7)); the box head's input
+# size depends on it, so torchvision weights fix it.
+BOX_ROI_SIZE = 7
+
 Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples of size_divisible
 
 
@@ -83,8 +87,8 @@ class Config:
     # int(box_batch_size_per_image * box_positive_fraction), which holds every sampled positive
     # (torchvision's loss). Smaller: a uniformly random subset of the sampled positives (an
     # unbiased estimate of the same mean loss), which bounds the mask head's fixed training cost;
-    # it runs on every slot, filled or not. Measured: 2.1x the training throughput at COCO size with
-    # 32, and about 0.03 less mask AP on the ci recipe with 4 of 16 (results/training/README.md).
+    # it runs on every slot, filled or not. The measured speed and accuracy trade-off is in the
+    # training results.
     mask_rois_per_image: int = 0
 
     # Mask branch.
@@ -101,15 +105,15 @@ class Config:
     ops_impl: str = "auto"
     nms_iterations: int = 16  # fixed-point steps of the pure-tensor NMS
 
-    # Test knob for the latency gate (bench/error_rates.py), off by default: when > 0, inference
-    # does this fraction of extra real compute (outputs unchanged), so the gate's detection rate
-    # can be measured against a known slowdown. 0.10 makes the forward about 10% slower.
-    inject_slowdown: float = 0.0
-
     @property
     def mask_size(self) -> int:
         """M, the side of the mask probabilities in ``Detections.masks``."""
         return 2 * self.mask_roi_size
+
+    @property
+    def box_roi_size(self) -> int:
+        """Side of the box head's RoIAlign output."""
+        return BOX_ROI_SIZE
 
     @property
     def num_anchors_per_location(self) -> int:
@@ -137,8 +141,6 @@ class Config:
             problems.append("box_pre_nms_top_n must be at least box_detections_per_img")
         if self.mask_rois_per_image < 0:
             problems.append(f"mask_rois_per_image must be >= 0 (0: the positive quota), got {self.mask_rois_per_image}")
-        if not 0.0 <= self.inject_slowdown < 1.0:
-            problems.append(f"inject_slowdown must be in [0, 1), got {self.inject_slowdown}")
         if problems:
             raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
 

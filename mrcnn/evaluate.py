@@ -103,7 +103,7 @@ def _single_thread() -> Iterator[None]:
     """Run tiny tensor ops on one intra-op thread.
 
     Each per-mask op here touches a few thousand pixels. Handing that to a thread pool costs more
-    than the work: measured on a busy 2-core machine, 2 threads made this path 17x slower.
+    than the work, and far more on a busy machine.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mrcnn.box_ops import encode_boxes
+from mrcnn.box_ops import RPN_BOX_WEIGHTS, encode_boxes
 from mrcnn.config import Config
 from mrcnn.matching import Samples
 from mrcnn.structures import ImageBatch, Targets
@@ -99,13 +99,14 @@ def check_targets(targets: Targets, cfg: Config, batch: ImageBatch | None = None
         )
 
 
-def mask_format(targets: Targets, cfg: Config, canvas: tuple[int, int]) -> str:
-    """Mask layout: cropped ([B, G, S, S], S = gt_mask_size; wins when both fit) or full ([B, G, H, W])."""
+def masks_are_cropped(targets: Targets, cfg: Config, canvas: tuple[int, int]) -> bool:
+    """True for masks cropped to their boxes ([B, G, S, S], S = gt_mask_size; wins when both fit),
+    False for full-canvas masks ([B, G, H, W]); ValueError for any other shape."""
     size = tuple(targets.masks.shape[-2:])
     if size == (cfg.gt_mask_size, cfg.gt_mask_size):
-        return "cropped"
+        return True
     if size == tuple(canvas):
-        return "full"
+        return False
     raise ValueError(
         f"targets.masks must be [B, G, {cfg.gt_mask_size}, {cfg.gt_mask_size}] or full-canvas "
         f"[B, G, {canvas[0]}, {canvas[1]}], got {list(targets.masks.shape)}"
@@ -144,7 +145,7 @@ def rpn_losses(
     gt = matched_boxes.gather(1, idx[..., None].expand(-1, -1, 4))
     # Unmatched anchors encode garbage (log of 0, ...): zero their targets before the loss, since
     # where() after the loss would still send NaN gradients through it.
-    regression = torch.where(samples.positive[..., None], encode_boxes(gt, reference, (1.0, 1.0, 1.0, 1.0)), 0.0)
+    regression = torch.where(samples.positive[..., None], encode_boxes(gt, reference, RPN_BOX_WEIGHTS), 0.0)
     count = _count(samples.valid)
     bce = F.binary_cross_entropy_with_logits(logits, samples.positive.to(logits.dtype), reduction="none")
     box = F.smooth_l1_loss(picked, regression, beta=_SMOOTH_L1_BETA, reduction="none").sum(-1)

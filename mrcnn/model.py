@@ -23,11 +23,6 @@ from mrcnn.rpn import RegionProposalNetwork
 from mrcnn.structures import Detections, ImageBatch, Targets
 from mrcnn.transform import group_by_canvas, to_image_batch
 
-# Share of the inference forward spent in the ResNet body (conv1..layer4), measured on the tiny
-# preset, CPU eager, one thread, one 320x448 image: 0.4 to 0.5 of the call. Only used to size
-# the extra work of ``cfg.inject_slowdown``; bench/error_rates.py reports the slowdown it measures.
-_BODY_SHARE = 0.5
-
 
 class MaskRCNN(nn.Module):
     """Mask R-CNN whose submodule names match torchvision's, so its state_dict loads strictly."""
@@ -58,8 +53,6 @@ class MaskRCNN(nn.Module):
             if not torch.compiler.is_compiling():
                 check_targets(targets, self.cfg, batch)
         features = list(self.backbone(batch.tensors).values())  # P2..P6
-        if self.cfg.inject_slowdown > 0 and not training:
-            features[0] = features[0] + self._injected_work(batch.tensors)
         if training:
             proposals, losses = self.rpn(features, batch.image_sizes, canvas, targets, batch.valid)
             # RoIAlign reads P2..P5.
@@ -69,24 +62,6 @@ class MaskRCNN(nn.Module):
         det = self.roi_heads(features[:4], proposals, batch.image_sizes)  # RoIAlign reads P2..P5
         # Explicit constructor: dynamo cannot trace NamedTuple._replace of a new instance.
         return Detections(det.boxes, det.scores, det.labels, det.masks, det.valid & batch.valid[:, None])
-
-    def _injected_work(self, images: Tensor) -> Tensor:
-        """Extra real compute for ``cfg.inject_slowdown`` (latency-gate test knob); returns an exact 0.
-
-        The ResNet body runs again over the top rows of the batch: its cost is proportional to the
-        rows it sees, so ``inject_slowdown / _BODY_SHARE`` canvases' worth of rows (whole passes,
-        then a strip) costs about ``inject_slowdown`` of the forward. The row count comes from the
-        config and the canvas only, so shapes stay static. The result is reduced to a scalar and
-        zeroed with ``nan_to_num(...) * 0``: exactly 0 whatever the values, yet data-dependent, so
-        no compiler drops the work, and the detections are bit-for-bit those without the knob.
-        """
-        height = images.shape[-2]
-        rows = round(self.cfg.inject_slowdown / _BODY_SHARE * height)
-        strips = [height] * (rows // height) + ([rows % height] if rows % height else [])
-        total = images.new_zeros(())
-        for strip in strips:
-            total = total + self.backbone.body(images[..., :strip, :])["3"].sum()
-        return torch.nan_to_num(total, nan=0.0, posinf=0.0, neginf=0.0) * 0.0
 
     @torch.no_grad()
     def predict(self, images: list[Tensor], batch_size: int | None = None) -> list[dict[str, Tensor]]:

@@ -1,38 +1,26 @@
-"""Named training recipes: preset, config overrides, data, schedule and target, as plain code.
+"""Named training recipes: preset, config overrides, data and a :class:`TrainConfig`, as plain code.
 
 A recipe pins everything a training run depends on except the training seed and the
-implementation (static model or torchvision's), so ``mrcnn train --recipe tiny`` and the accuracy
-gate (:mod:`mrcnn.accuracy`) train the same thing. The data set is the deterministic synthetic one
+implementation (static model or torchvision's), so ``mrcnn train --recipe tiny`` and the
+harness's accuracy gate train the same thing. The data set is the deterministic synthetic one
 (:mod:`mrcnn.data.synthetic`) generated with the recipe's own data seed, so every training seed
 sees the same images: the spread across training seeds is the spread of the optimisation only.
 
-Recipes (measured numbers in ``results/training/`` and ``results/accuracy/``):
+Both recipes share one base (:data:`_BASE`): the ``tiny`` preset (ResNet-18 FPN, random init) on
+224-px images with fewer sampled RoIs and kept proposals, AdamW with gradient clipping, warm-up
+then one decay, evaluated every 200 steps. They differ in data:
 
 ``tiny``
-    The convergence recipe: the ``tiny`` preset (ResNet-18 FPN, random init) with fewer sampled
-    RoIs and kept proposals, trained as ``ci`` is (same image sizes, optimiser and schedule) but on
-    400 images and evaluated every 200 steps on 100 held-out ones: what the model generalises to in
-    about 15 minutes of steps on 2 idle CPU cores (1200 steps at 0.73 s), plus 6 evaluations. It
-    ends at held-out box AP 0.173 +- 0.014 / mask AP 0.168 +- 0.015 (3 seeds), torchvision's model
-    at 0.173 / 0.175. ``target_box_ap``
-    (the issue's aim, 0.5) is where time to accuracy is measured; held-out AP stays far below it.
+    The convergence recipe: 400 training images, evaluated on 100 held-out ones (what the model
+    generalises to). ``target_box_ap`` is where time to accuracy is measured.
 ``ci``
-    A fitting test sized for CI: the same model on 224-px images, 1200 steps of 4 images (decay at
-    1000) on 48 images, evaluated on those same images every 200 steps. AP takes off between steps
-    400 and 800 and ends near box AP 0.81 / mask AP 0.67, where 5 seeds agree within 0.05 / 0.02:
-    far enough up the curve that a broken box coder or misaligned mask targets cost more than the
-    seed spread (``results/accuracy/teeth.md``). About 1000 CPU-seconds of steps at one thread;
-    0.73 s per step at 2 threads, so about 15 minutes on 2 idle cores. Its baseline
-    (``results/accuracy/ci.json``) is what the accuracy gate checks on every change. (At 600 steps,
-    the first version of this recipe, AP was 0.14-0.21 and rising steeply, and neither fault failed
-    the gate.) ``target_box_ap`` 0.5 is where time to accuracy is measured.
+    A fitting test sized for CI: 48 images, evaluated on those same images, trained far enough
+    up the curve that a broken box coder or misaligned mask targets cost more than the spread
+    over training seeds. Its stored baseline is what the accuracy gate checks on every change.
 
-Both use AdamW with gradient clipping rather than torchvision's SGD: from random init the
-backbone's frozen batch norms are identities and nothing normalises its activations. In 200
-steps of the ``ci`` set-up SGD (lr 0.02, momentum 0.9, the reference's) ended at box and mask AP
-0.0000 on all 3 seeds (lr 0.04 diverged at step 36), AdamW at 0.001-0.003: better, but far from
-usable. These recipes are the best measured here, not a converged result. ``--optimizer sgd``
-(and every other flag) still overrides a recipe.
+AdamW rather than torchvision's SGD: from random init the backbone's frozen batch norms are
+identities and nothing normalises its activations, and SGD barely moves in this many steps.
+``--optimizer sgd`` (and every other flag) still overrides a recipe.
 """
 
 from __future__ import annotations
@@ -43,6 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn.config import Config, get_config
+from mrcnn.engine.config import TrainConfig, TrainSetupError
+from mrcnn.engine.data import ensure_synthetic
+
+# TrainConfig fields a recipe pins, in the order Recipe.as_dict lists them (stored with a baseline).
+_PINNED_SCHEDULE = ("steps", "batch_size", "lr", "warmup_iters", "warmup_factor", "lr_steps", "gamma", "momentum",
+                    "weight_decay", "optimizer", "clip_grad_norm", "init")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -57,21 +51,9 @@ class Recipe:
     train_images: int
     val_images: int
     data_seed: int
-    # Schedule (mrcnn.train.train arguments).
-    steps: int
-    batch_size: int  # images per step, over all ranks (divided among DDP ranks)
-    lr: float
-    warmup_iters: int
-    warmup_factor: float
-    lr_steps: tuple[int, ...]
-    gamma: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    optimizer: str = "sgd"  # "sgd" or "adamw" (mrcnn.train.build_optimizer)
-    clip_grad_norm: float = 0.0
-    init: str = "default"  # "zero_residual": mrcnn.train.zero_residual_init
-    eval_split: str = "val"  # "train": evaluate on the training images (a fitting test, see ``ci``)
-    eval_every: int = 0  # evaluate the val split every this many steps (0: only at the end)
+    # Schedule and evaluation; ``train.batch_size`` is the global batch (divided among DDP ranks),
+    # ``train.val_split`` the split evaluated ("train": a fitting test, see ``ci``).
+    train: TrainConfig
     target_box_ap: float = 0.0  # time to accuracy is measured to this box AP
 
     def config(self, **extra: Any) -> Config:
@@ -84,39 +66,31 @@ class Recipe:
 
     def prepare_data(self, base: str | Path = "data") -> Path:
         """Generate the recipe's synthetic train and val splits under ``base`` unless present."""
-        from mrcnn.train import ensure_synthetic
-
         root = self.data_root(base)
         ensure_synthetic(root, "train", self.train_images, self.data_seed)
         if self.val_images:
             ensure_synthetic(root, "val", self.val_images, self.data_seed + 1)
         return root
 
-    def train_kwargs(self, world_size: int = 1) -> dict[str, Any]:
-        """Keyword arguments of :func:`mrcnn.train.train` (batch size per rank for ``world_size`` ranks)."""
-        if self.batch_size % world_size:
-            raise ValueError(f"recipe {self.name!r}: batch size {self.batch_size} does not split over {world_size}")
-        return {
-            "steps": self.steps,
-            "batch_size": self.batch_size // world_size,
-            "lr": self.lr,
-            "momentum": self.momentum,
-            "weight_decay": self.weight_decay,
-            "optimizer": self.optimizer,
-            "clip_grad_norm": self.clip_grad_norm,
-            "init": self.init,
-            "warmup_iters": self.warmup_iters,
-            "warmup_factor": self.warmup_factor,
-            "lr_steps": list(self.lr_steps),
-            "gamma": self.gamma,
-            "eval_every": self.eval_every,
-            "val_split": self.eval_split,
-        }
+    def train_config(self, world_size: int = 1, **changes: Any) -> TrainConfig:
+        """The recipe's :class:`TrainConfig` for one of ``world_size`` ranks (its share of the batch).
+
+        ``changes``: other TrainConfig fields (seed, device, ...) on top.
+        """
+        if self.train.batch_size % world_size:
+            raise TrainSetupError(
+                f"recipe {self.name!r}: batch size {self.train.batch_size} does not split over {world_size}"
+            )
+        return self.train.replace(batch_size=self.train.batch_size // world_size, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["overrides"] = dict(self.overrides)
-        return d
+        """The settings a baseline stores: data, pinned schedule, ``eval_split``, ``eval_every``."""
+        skipped = ("train", "target_box_ap")
+        head = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skipped}
+        head["overrides"] = dict(self.overrides)
+        schedule = {name: getattr(self.train, name) for name in _PINNED_SCHEDULE}
+        evaluation = {"eval_split": self.train.val_split, "eval_every": self.train.eval_every}
+        return {**head, **schedule, **evaluation, "target_box_ap": self.target_box_ap}
 
 
 # Shared by both recipes: the tiny preset's heads sample fewer RoIs and keep fewer proposals, which
@@ -133,50 +107,47 @@ _SMALL_IMAGES: tuple[tuple[str, Any], ...] = (
     ("canvases", ((224, 224), (224, 320), (224, 352), (320, 224), (352, 224))),
 )
 
+_BASE = Recipe(
+    name="",
+    description="",
+    preset="tiny",
+    overrides=_FEWER_ROIS + _SMALL_IMAGES,
+    train_images=0,
+    val_images=0,
+    data_seed=0,
+    train=TrainConfig(
+        steps=1200,
+        batch_size=4,
+        lr=1e-3,
+        warmup_iters=50,
+        warmup_factor=0.001,
+        lr_steps=(1000,),
+        optimizer="adamw",
+        clip_grad_norm=10.0,
+        eval_every=200,
+    ),
+    target_box_ap=0.5,  # the aim of time-to-accuracy measurements
+)
+
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe(
+    "tiny": dataclasses.replace(
+        _BASE,
         name="tiny",
         description="tiny preset from scratch on 400 synthetic images at 224 px, evaluated on 100 held-out ones",
-        preset="tiny",
-        overrides=_FEWER_ROIS + _SMALL_IMAGES,
         train_images=400,
         val_images=100,
-        data_seed=0,
-        steps=1200,
-        batch_size=4,
-        lr=1e-3,
-        warmup_iters=50,
-        warmup_factor=0.001,
-        lr_steps=(1000,),
-        optimizer="adamw",
-        clip_grad_norm=10.0,
-        eval_every=200,
-        target_box_ap=0.5,  # the issue's aim; not reached on held-out images (results/training/README.md)
     ),
-    "ci": Recipe(
+    "ci": dataclasses.replace(
+        _BASE,
         name="ci",
         description="CI-sized fitting test: 48 images at 224 px, trained for 1200 steps and evaluated on themselves",
-        preset="tiny",
-        overrides=_FEWER_ROIS + _SMALL_IMAGES,
         train_images=48,
-        val_images=0,
-        data_seed=0,
-        steps=1200,
-        batch_size=4,
-        lr=1e-3,
-        warmup_iters=50,
-        warmup_factor=0.001,
-        lr_steps=(1000,),
-        optimizer="adamw",
-        clip_grad_norm=10.0,
-        eval_every=200,
-        eval_split="train",
-        target_box_ap=0.5,
+        train=_BASE.train.replace(val_split="train"),
     ),
 }
 
 
 def get_recipe(name: str) -> Recipe:
     if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
+        raise TrainSetupError(f"unknown recipe {name!r}; choose one of {sorted(RECIPES)}")
     return RECIPES[name]

@@ -23,13 +23,12 @@ from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHe
 
 from mrcnn.box_ops import box_iou, clip_boxes, decode_boxes, encode_boxes, large_enough
 from mrcnn.config import Config
-from mrcnn.losses import fastrcnn_losses, mask_format, mask_loss, mask_targets
+from mrcnn.losses import fastrcnn_losses, mask_loss, mask_targets, masks_are_cropped
 from mrcnn.mask_head import build_mask_modules, class_mask_logits, mask_logits, mask_probabilities, pooling_features
 from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
 from mrcnn.ops import multilevel_roi_align, nms_fixed, resolve_impl
-from mrcnn.structures import Detections, Proposals, Targets
+from mrcnn.structures import BoxDetections, Detections, Proposals, Targets
 
-_BOX_ROI_SIZE = 7
 _MIN_DETECTION_SIZE = 1e-2  # torchvision's postprocess_detections remove_small_boxes
 
 
@@ -39,7 +38,7 @@ class RoIHeads(nn.Module):
     def __init__(self, cfg: Config) -> None:
         super().__init__()
         self.cfg = cfg
-        self.box_head = TwoMLPHead(cfg.fpn_channels * _BOX_ROI_SIZE**2, cfg.representation_size)
+        self.box_head = TwoMLPHead(cfg.fpn_channels * cfg.box_roi_size**2, cfg.representation_size)
         self.box_predictor = FastRCNNPredictor(cfg.representation_size, cfg.num_classes)
         self.mask_head, self.mask_predictor = build_mask_modules(cfg)
 
@@ -48,12 +47,12 @@ class RoIHeads(nn.Module):
         b, r = boxes.shape[:2]
         impl = resolve_impl(self.cfg.ops_impl, boxes.device)
         pooled = multilevel_roi_align(
-            pooling_features(features, impl), boxes, _BOX_ROI_SIZE, sampling_ratio=2, impl=impl
+            pooling_features(features, impl), boxes, self.cfg.box_roi_size, sampling_ratio=2, impl=impl
         )
         class_logits, deltas = self.box_predictor(self.box_head(pooled.flatten(0, 1)))
         return class_logits.view(b, r, -1), deltas.view(b, r, -1, 4)
 
-    def detect(self, class_logits: Tensor, deltas: Tensor, proposals: Proposals, image_sizes: Tensor) -> Detections:
+    def detect(self, class_logits: Tensor, deltas: Tensor, proposals: Proposals, image_sizes: Tensor) -> BoxDetections:
         """Static postprocess_detections: [B, P, ...] head outputs -> K detections per image (no masks)."""
         cfg = self.cfg
         b, p, c = class_logits.shape
@@ -89,11 +88,10 @@ class RoIHeads(nn.Module):
             iterations=cfg.nms_iterations,
         )
         zero = torch.zeros((), dtype=scores.dtype, device=scores.device)
-        return Detections(
+        return BoxDetections(
             boxes=torch.where(keep_valid[..., None], boxes.gather(1, keep[..., None].expand(-1, -1, 4)), zero),
             scores=torch.where(keep_valid, scores.gather(1, keep), zero),
             labels=torch.where(keep_valid, labels.gather(1, keep), torch.zeros_like(keep)),
-            masks=scores.new_zeros(()),  # filled by the mask branch
             valid=keep_valid,
         )
 
@@ -158,7 +156,7 @@ class RoIHeads(nn.Module):
             return losses
         mask_rois, weight, mask_labels = rois[:, :m], samples.positive[:, :m], roi_labels[:, :m]
         with torch.no_grad():
-            cropped = mask_format(targets, cfg, canvas) == "cropped"
+            cropped = masks_are_cropped(targets, cfg, canvas)
             target = mask_targets(targets.masks, gt_boxes, roi_gt[:, :m], mask_rois, cfg.mask_size, cropped)
         logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, mask_rois)
         losses["loss_mask"] = mask_loss(class_mask_logits(logits, mask_labels), target, weight)

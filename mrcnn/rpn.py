@@ -16,14 +16,13 @@ from torch import Tensor, nn
 from torchvision.models.detection.rpn import RPNHead
 
 from mrcnn.anchors import Anchors
-from mrcnn.box_ops import box_iou, clip_boxes, decode_boxes, large_enough
+from mrcnn.box_ops import RPN_BOX_WEIGHTS, box_iou, clip_boxes, decode_boxes, large_enough
 from mrcnn.config import Config
 from mrcnn.losses import rpn_losses
 from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
 from mrcnn.ops import nms_fixed, resolve_impl
 from mrcnn.structures import Proposals, Targets
 
-_RPN_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 _MIN_PROPOSAL_SIZE = 1e-3  # torchvision's RegionProposalNetwork.min_size
 
 
@@ -118,7 +117,7 @@ class RegionProposalNetwork(nn.Module):
 
         scores = torch.sigmoid(objectness.gather(1, index))
         picked_deltas = deltas.gather(1, index[..., None].expand(-1, -1, 4))
-        boxes = decode_boxes(picked_deltas[:, :, None], anchors[index], _RPN_BOX_WEIGHTS)[:, :, 0]
+        boxes = decode_boxes(picked_deltas[:, :, None], anchors[index], RPN_BOX_WEIGHTS)[:, :, 0]
         boxes = clip_boxes(boxes, image_sizes)
         valid = large_enough(boxes, _MIN_PROPOSAL_SIZE) & (scores >= cfg.rpn_score_thresh)
 

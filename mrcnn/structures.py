@@ -55,6 +55,21 @@ class Proposals(NamedTuple):
     valid: Tensor
 
 
+class BoxDetections(NamedTuple):
+    """Box branch output, before the mask branch: K detections per image, best first.
+
+    boxes:  [B, K, 4] float, canvas coordinates
+    scores: [B, K] float
+    labels: [B, K] int64
+    valid:  [B, K] bool; padded slots have score 0 and label 0
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    valid: Tensor
+
+
 class Detections(NamedTuple):
     """Model output: K detections per image (K = ``box_detections_per_img``), best first.
 

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from mrcnn.config import Config, get_config
+from mrcnn.reference import torchvision_model
 
 
 def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | str | os.PathLike) -> nn.Module:
@@ -76,8 +77,6 @@ def synthetic_weights(cfg: Config | str = "coco_r50_fpn", seed: int = 0) -> dict
     The result gives dozens of detections per image with distinct scores, which makes parity
     against torchvision a real test. Returns a torchvision-compatible state_dict.
     """
-    from mrcnn.reference import torchvision_model
-
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
     model = torchvision_model(cfg).eval()

@@ -1,4 +1,5 @@
-"""The accuracy gate (mrcnn.accuracy): baseline parsing, tolerance, pass/fail messages, errors, faults.
+"""The accuracy gate (mrcnn_bench.accuracy_gate, .accuracy_baseline, .faults): baseline parsing and location,
+tolerance, pass/fail messages, errors, faults.
 
 No training here: the gate's multi-minute CI run is a separate job (see results/accuracy/README.md).
 """
@@ -11,25 +12,27 @@ from pathlib import Path
 import pytest
 import torch
 
+import mrcnn.box_ops as box_ops
 import mrcnn.roi_heads as roi_heads
-from mrcnn.accuracy import (
-    FAULTS,
-    MASK_SHIFT_PIXELS,
-    BaselineError,
-    MetricBaseline,
-    baseline_from_runs,
-    check_accuracy,
-    compare_to_baseline,
-    final_metrics,
-    inject_fault,
-    load_baseline,
-    main,
-    tolerance_from_spread,
-)
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.recipes import RECIPES, get_recipe
 from mrcnn.structures import Proposals, Targets
+from mrcnn_bench import accuracy_gate
+from mrcnn_bench.accuracy_baseline import (
+    BaselineError,
+    MetricBaseline,
+    baseline_from_runs,
+    compare_to_baseline,
+    default_baseline_path,
+    final_metrics,
+    load_baseline,
+    tolerance_from_spread,
+)
+from mrcnn_bench.accuracy_gate import AccuracyOptions, check_accuracy, main
+from mrcnn_bench.faults import FAULTS, MASK_SHIFT_PIXELS, inject_fault
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def write_baseline(path: Path, box=(0.30, 0.03), mask=(0.25, 0.02), recipe="ci") -> Path:
@@ -87,6 +90,30 @@ def test_baseline_of_other_recipe_settings_is_refused(tmp_path):
     path.write_text(json.dumps({**doc, "recipe_settings": {**settings, "steps": settings["steps"] // 2}}))
     with pytest.raises(BaselineError, match=r"other settings of recipe 'ci' \(steps: baseline \d+, recipe now \d+\)"):
         load_baseline(path, "ci")
+
+
+def test_committed_baseline_matches_the_recipe():
+    """results/accuracy/ci.json stores the ci recipe's settings as Recipe.as_dict gives them now."""
+    base = load_baseline(REPO / "results" / "accuracy" / "ci.json", "ci")
+    assert set(base) == {"bbox/AP", "segm/AP"} and all(0 < b.threshold < b.mean for b in base.values())
+    stored = json.loads((REPO / "results" / "accuracy" / "ci.json").read_text())["recipe_settings"]
+    assert json.loads(json.dumps(get_recipe("ci").as_dict())) == stored
+
+
+def test_default_baseline_is_found_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    """--baseline, else $MRCNN_RESULTS_DIR/accuracy/<recipe>.json, else ./results/accuracy/<recipe>.json."""
+    monkeypatch.delenv("MRCNN_RESULTS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_baseline_path("ci") == Path("results") / "accuracy" / "ci.json"
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(Path("results") / "accuracy" / "ci.json") in err[0] and "not found" in err[0]
+
+    monkeypatch.setenv("MRCNN_RESULTS_DIR", str(tmp_path / "elsewhere"))
+    assert default_baseline_path("tiny") == tmp_path / "elsewhere" / "accuracy" / "tiny.json"
+    (tmp_path / "elsewhere" / "accuracy").mkdir(parents=True)
+    write_baseline(tmp_path / "elsewhere" / "accuracy" / "ci.json")
+    assert load_baseline(default_baseline_path("ci"), "ci")["bbox/AP"] == MetricBaseline(0.30, 0.03)
 
 
 def test_pass_and_fail_messages_name_metric_value_baseline_tolerance_and_shortfall(tmp_path):
@@ -153,7 +180,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     baseline = write_baseline(tmp_path / "b.json")
     missing = tmp_path / "nope" / "checkpoint_0000010.pt"
     with pytest.raises(FileNotFoundError, match="checkpoint not found"):
-        check_accuracy("ci", checkpoint=missing, baseline_path=baseline)
+        check_accuracy(AccuracyOptions(checkpoint=missing, baseline=baseline))
     assert main(["--checkpoint", str(missing), "--baseline", str(baseline)]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
 
@@ -163,21 +190,23 @@ def test_gate_refuses_bad_inputs_before_any_work(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
     baseline = write_baseline(tmp_path / "b.json")
     with pytest.raises(ValueError, match="unknown fault"):
-        check_accuracy("ci", baseline_path=baseline, fault="cosmic_ray")
+        check_accuracy(AccuracyOptions(baseline=baseline, fault="cosmic_ray"))
     with pytest.raises(ValueError, match="unknown recipe"):
-        check_accuracy("huge", baseline_path=baseline)
+        check_accuracy(AccuracyOptions(recipe="huge", baseline=baseline))
+    assert main(["--recipe", "huge", "--baseline", str(baseline)]) == 2
+    assert "unknown recipe 'huge'" in capsys.readouterr().err
 
 
 def test_recipes_build_their_configs():
     for name, recipe in RECIPES.items():
         cfg = recipe.config()
         assert cfg.name == recipe.preset and get_recipe(name) is recipe
-        kwargs = recipe.train_kwargs()
-        assert kwargs["steps"] == recipe.steps and kwargs["batch_size"] == recipe.batch_size
-        assert all(step < recipe.steps for step in recipe.lr_steps)
-    assert RECIPES["tiny"].train_kwargs(world_size=2)["batch_size"] == RECIPES["tiny"].batch_size // 2
+        options = recipe.train_config()
+        assert options.steps == recipe.train.steps and options.batch_size == recipe.train.batch_size
+        assert all(step < recipe.train.steps for step in recipe.train.lr_steps)
+    assert RECIPES["tiny"].train_config(world_size=2).batch_size == RECIPES["tiny"].train.batch_size // 2
     with pytest.raises(ValueError, match="does not split"):
-        RECIPES["tiny"].train_kwargs(world_size=3)
+        RECIPES["tiny"].train_config(world_size=3)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,6 +223,32 @@ def test_box_coder_fault_changes_the_box_regression_targets():
     assert torch.allclose(wrong * torch.tensor(weights), right)  # encoded with (1, 1, 1, 1)
     assert not torch.allclose(wrong, right)
     assert torch.equal(roi_heads.encode_boxes(gt, roi, weights), right), "the patch must be undone on exit"
+
+
+def test_faults_equal_their_definitions():
+    """box_coder: box_ops's encoding under (1, 1, 1, 1); mask_shift: 3 px right and down, zero fill; undone after."""
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(2, 5, 2, generator=g) * 50
+    gt = torch.cat([xy, xy + 10 + torch.rand(2, 5, 2, generator=g) * 40], -1)
+    roi = gt + torch.randn(2, 5, 4, generator=g) * 3
+    original_encode, original_targets = roi_heads.encode_boxes, roi_heads.mask_targets
+    with inject_fault("box_coder"):
+        faulted = roi_heads.encode_boxes(gt, roi, (10.0, 10.0, 5.0, 5.0))
+    assert torch.equal(faulted, box_ops.encode_boxes(gt, roi, (1.0, 1.0, 1.0, 1.0)))
+    assert roi_heads.encode_boxes is original_encode
+
+    masks = (torch.rand(2, 3, 16, 16, generator=g) > 0.5).to(torch.uint8)
+    boxes = torch.tensor([[0.0, 0.0, 32.0, 32.0], [4.0, 2.0, 30.0, 28.0], [8.0, 8.0, 24.0, 20.0]]).expand(2, 3, 4)
+    index = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
+    rois = boxes[:, [0, 1, 2, 0]] + 1.0
+    args = (masks, boxes, index, rois, 28, True)
+    clean = roi_heads.mask_targets(*args)
+    with inject_fault("mask_shift"):
+        shifted = roi_heads.mask_targets(*args)
+    expected = torch.zeros_like(clean)
+    expected[..., 3:, 3:] = clean[..., :-3, :-3]
+    assert MASK_SHIFT_PIXELS == 3 and torch.equal(shifted, expected) and not torch.equal(shifted, clean)
+    assert roi_heads.mask_targets is original_targets and torch.equal(roi_heads.mask_targets(*args), clean)
 
 
 def test_mask_shift_fault_shifts_the_mask_targets():
@@ -253,21 +308,19 @@ def test_unknown_fault_is_rejected():
 
 def test_check_accuracy_on_a_checkpoint_reports_failures(tmp_path, monkeypatch):
     """The decision glue, with the evaluation replaced by fixed metrics (no data set, no training)."""
-    import mrcnn.accuracy as accuracy
-
     baseline = write_baseline(tmp_path / "b.json")
     checkpoint = tmp_path / "checkpoint_0000001.pt"
     checkpoint.write_bytes(b"")
     measured = {"bbox/AP": 0.31, "segm/AP": 0.10, "bbox/AP50": 0.5}
-    monkeypatch.setattr(accuracy, "evaluate_checkpoint", lambda path, recipe, data_base: dict(measured))
-    result = check_accuracy("ci", checkpoint=checkpoint, baseline_path=baseline)
+    monkeypatch.setattr(accuracy_gate, "evaluate_checkpoint", lambda path, recipe, data_base: dict(measured))
+    result = check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline))
     assert not result.passed and result.metrics == measured
     assert result.baseline == {"bbox/AP": 0.30, "segm/AP": 0.25} and result.tolerance["segm/AP"] == 0.02
     assert len(result.failures) == 1 and result.failures[0].startswith("segm/AP = 0.1000")
     assert "FAIL" in result.report() and "short by 0.1300" in result.report()
     with pytest.raises(ValueError, match="cannot apply to an existing checkpoint"):
-        check_accuracy("ci", checkpoint=checkpoint, baseline_path=baseline, fault="box_coder")
+        check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline, fault="box_coder"))
 
     measured["segm/AP"] = 0.24
-    result = check_accuracy("ci", checkpoint=checkpoint, baseline_path=baseline)
+    result = check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline))
     assert result.passed and result.failures == [] and "PASS" in result.report()

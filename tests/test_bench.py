@@ -1,5 +1,6 @@
-"""The harness: cases, parity statistics, the runner's run file and tables, the bounded worker,
-file comparison, the dashboard, and the gate's exact compile check (with an injected recompile)."""
+"""The harness: cases, parity statistics, the runner's run file and tables, typed records, the
+bounded worker, file comparison, the dashboard, the slowdown hook, the pipeline registry, the
+module graph, and the gate's exact compile check (with an injected recompile)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from mrcnn.data.coco import CocoDataset
+from mrcnn.data.synthetic import generate
+from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections
-from mrcnn_bench import ab, cli, gate, report, store
-from mrcnn_bench.cases import CASES, Case, Workload, parse_cases
+from mrcnn.reference import torchvision_model
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights, textured_images
+from mrcnn_bench import ab, cli, gate, pipelines, report, store
+from mrcnn_bench.cases import CASES, COMPILERS, Case, Row, Variant, Workload, parse_cases
+from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
+from mrcnn_bench.execution import RowTimeout, WorkerRow
 from mrcnn_bench.parity import aggregate_parity, parity_stats
+from mrcnn_bench.pipelines import compact
+from mrcnn_bench.probes import count_flops
 from mrcnn_bench.profile import STAGES, stage_times
-from mrcnn_bench.runner import Row, RowTimeout, Variant, WorkerRow, compact, save_context
+from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.slowdown import inject_slowdown
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -114,17 +126,32 @@ def run_dir(tmp_path_factory, tiny_weights):
 
 def test_run_writes_records_with_environment(run_dir):
     doc = store.load(run_dir / "t.json")
-    recs = {r["row"]: r for r in doc["records"]}
+    recs = {r.row: r for r in doc.records}
     static = recs["static/eager"]
-    assert static["status"] == "ok" and len(static["times_s"]) == 3
-    assert static["parity_matched_ref"] == 1.0 and static["parity_matched_other"] == 1.0
-    assert static["flops"] > 1e9 and static["peak_mem_gb"] > 0.1
-    assert recs["static/train"]["images_per_s"] > 0 and math.isfinite(recs["static/train"]["final_loss"])
-    assert recs["static/cuda"]["status"] == ("ok" if torch.cuda.is_available() else "skipped")
-    for r in doc["records"]:  # every record carries where it came from
-        assert r["env_torch"] == torch.__version__ and r["env_threads"] >= 1 and r["env_seed"] == 0
-        assert "env_commit" in r and "env_cpu" in r and "env_gpu" in r
-    assert doc["run"]["peaks"]["matmul_fp32"] > 0
+    assert static.status == "ok" and len(static.times_s) == 3
+    assert static.parity_matched_ref == 1.0 and static.parity_matched_other == 1.0
+    assert static.flops > 1e9 and static.peak_mem_gb > 0.1
+    assert recs["static/train"].images_per_s > 0 and math.isfinite(recs["static/train"].final_loss)
+    assert recs["static/cuda"].status == ("ok" if torch.cuda.is_available() else "skipped")
+    for r in doc.records:  # every record carries where it came from
+        assert r.env["torch"] == torch.__version__ and r.env["threads"] >= 1 and r.env["seed"] == 0
+        assert "commit" in r.env and "cpu" in r.env and "gpu" in r.env
+    assert doc.run.peaks["matmul_fp32"] > 0
+    raw = json.loads((run_dir / "t.json").read_text())
+    committed = json.loads((REPO / "results" / "runs" / "run_tiny.json").read_text())
+    assert list(raw["records"][0]) == list(committed["records"][0])  # the same keys, in the same order
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "results" / "runs").glob("*.json")), ids=lambda p: p.name)
+def test_committed_run_files_load_as_typed_records(path):
+    """Every committed run file loads through Record and writes back to the very same text."""
+    raw = json.loads(path.read_text())
+    doc = store.load(path)
+    assert doc.records and all(isinstance(r, Record) for r in doc.records)
+    assert store.dumps(doc).strip() == path.read_text().strip()
+    assert math.isnan(Record.from_dict({**raw["records"][0], "median_s": None}).median_s)
+    with pytest.raises(ValueError, match="unknown key"):
+        Record.from_dict({**raw["records"][0], "median": 1.0})
 
 
 def test_run_tables_and_html(run_dir):
@@ -154,13 +181,9 @@ def test_dashboard_merges_runs(run_dir, tmp_path):
 
 
 def test_timeout_and_skip_are_shown():
-    rec = {"row": "torchvision/xla", "case": "torchvision/xla", "phase": "inference", "status": "timeout",
-           "detail": "> 1 s (in first call, UncachedCompile=12)", "times_s": [], "backend": "xla",
-           "compiler": "eager", "impl": "torchvision"}
-    rec.update({k: None for k in ("median_s", "iqr_s", "images_per_s", "first_result_s", "compile_s",
-                                  "uncached_compile", "gflops_s", "frac_peak", "peak_mem_gb", "unique_graphs",
-                                  "parity_matched_ref", "parity_matched_other", "mask_iou_mean")})
-    doc = {"records": [rec], "run": {"limit_s": 1.0}}
+    rec = Record(row="torchvision/xla", case="torchvision/xla", status="timeout", backend="xla", impl="torchvision",
+                 detail="> 1 s (in first call, UncachedCompile=12)")
+    doc = RunDocument("t", {}, RunInfo(limit_s=1.0), [rec])
     shown = report.shown_frame(doc)
     assert shown.loc[0, "median_s"] == "> 1 s"
     assert "UncachedCompile=12" in shown.loc[0, "status"]
@@ -179,10 +202,6 @@ def test_unknown_case_and_bad_options_are_clear_errors(capsys):
 
 def test_images_and_evaluation_come_from_a_coco_layout_split(tmp_path, tiny_weights):
     """--coco-root ROOT --coco-split S: the timed images are S's, and --eval evaluates S too."""
-    from mrcnn.data.coco import CocoDataset
-    from mrcnn.data.synthetic import generate
-    from mrcnn_bench.runner import make_context
-
     generate(tmp_path, 3, seed=0, split="train", progress=False)
     weights = tmp_path / "weights.pt"
     torch.save(tiny_weights, weights)
@@ -191,7 +210,8 @@ def test_images_and_evaluation_come_from_a_coco_layout_split(tmp_path, tiny_weig
          "--weights", str(weights)])
     opts = cli.run_options(args)
     assert (opts.coco_split, opts.eval_root, opts.eval_split) == ("train", str(tmp_path), "train")
-    ctx, _ = make_context(opts.workload, opts.weights, 0, 1, False, opts.coco_root, opts.overrides, opts.coco_split)
+    ctx, _ = make_context(ContextOptions(opts.workload, opts.weights, 0, 1, False, opts.coco_root, opts.coco_split,
+                                         opts.overrides))
     expected = CocoDataset(tmp_path, "train")
     assert len(ctx.images) == 2
     for i, image in enumerate(ctx.images):
@@ -202,9 +222,9 @@ def test_images_and_evaluation_come_from_a_coco_layout_split(tmp_path, tiny_weig
 # compare A B on stored runs
 
 
-def _records(times: list[float], **extra) -> list[dict]:
-    return [{"case": "static/eager", "status": "ok", "times_s": times, "median_s": sorted(times)[len(times) // 2],
-             "unique_graphs": 1, **extra}]
+def _records(times: list[float], **extra) -> list[Record]:
+    fields = {"unique_graphs": 1, **extra}
+    return [Record(case="static/eager", status="ok", times_s=times, median_s=sorted(times)[len(times) // 2], **fields)]
 
 
 def test_compare_flags_a_slowdown_and_exact_changes():
@@ -223,13 +243,11 @@ def test_compare_flags_a_slowdown_and_exact_changes():
 
 
 def test_worker_is_killed_at_its_time_limit(tmp_path, tiny_weights):
-    """A variant whose code hangs while building its config: the worker is killed at the limit."""
+    """A variant whose code hangs during set-up (here, importing its config): the worker is killed at the limit."""
     code = tmp_path / "code"
     (code / "mrcnn").mkdir(parents=True)
     (code / "mrcnn" / "__init__.py").write_text("")
-    (code / "mrcnn" / "config.py").write_text("import time\n\ndef get_config(*a, **k):\n    time.sleep(600)\n")
-    from mrcnn_bench.runner import Context
-
+    (code / "mrcnn" / "config.py").write_text("import time\n\ntime.sleep(600)\n")
     ctx = Context("tiny", {}, Workload(), {}, [], [], 1, 0)
     save_context(ctx, tmp_path)
     row = WorkerRow(Row(Case("static"), Variant("A", str(code))), tmp_path, limit=3.0)
@@ -326,7 +344,7 @@ def test_gate_fails_on_an_injected_recompile(tmp_path):
     """The real gate on static/xla: flat over seven sizes, then failing when images are padded tightly."""
     pytest.importorskip("torch_xla")
     baseline = tmp_path / "gate.json"
-    base_cmd = [sys.executable, "-m", "mrcnn_bench.gate", "--cases", "static/xla", "--accuracy", "none",
+    base_cmd = [sys.executable, "-m", "mrcnn_bench.cli", "gate", "--cases", "static/xla", "--accuracy", "none",
                 "--baseline", str(baseline)]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     subprocess.run([*base_cmd, "--write-baseline"], check=True, env=env, cwd=REPO, capture_output=True)
@@ -345,7 +363,7 @@ def test_compare_runs_two_checkouts_interleaved(tmp_path, capsys):
     """
     out = tmp_path / "cmp.json"
     code = cli.main(["compare", str(REPO), str(REPO), "--cases", "static/eager", "--rounds", "7", "--images", "1",
-                     "--set-b", "inject_slowdown=0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
+                     "--inject-slowdown", "0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
                      "--out", str(out)])
     assert code in (0, 1)
     data = json.loads(out.read_text())
@@ -356,3 +374,59 @@ def test_compare_runs_two_checkouts_interleaved(tmp_path, capsys):
     assert recs["B:static/eager"]["variant_overrides"] == {"inject_slowdown": 0.2}
     assert all(len(r["times_s"]) == 7 and r["variant_code"] == str(REPO) for r in recs.values())
     assert "static/eager" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------
+# The slowdown hook
+
+
+def _strips(height: int, fraction: float) -> list[int]:
+    """The extra body passes of the old ``MaskRCNN._injected_work`` (body share 0.5), written out again."""
+    rows = round(fraction / 0.5 * height)
+    return [height] * (rows // height) + ([rows % height] if rows % height else [])
+
+
+@pytest.mark.parametrize(("impl", "fraction"), [("static", 0.1), ("static", 0.6), ("torchvision", 0.1)])
+def test_slowdown_hook_does_the_old_extra_work_and_keeps_outputs(tiny_cfg, tiny_weights, impl, fraction):
+    """Extra FLOPs = the body over the old formula's strips (0.6: a whole pass plus a strip); outputs bit-identical."""
+    if impl == "static":
+        model = load_torchvision_weights(MaskRCNN(tiny_cfg), tiny_weights).eval()
+        batch = to_image_batch(textured_images(((240, 320),), seed=1), tiny_cfg)
+        call, canvas = (lambda: model(batch)), batch.tensors
+    else:
+        model = torchvision_model(tiny_cfg).eval()
+        model.load_state_dict(tiny_weights)
+        images = textured_images(((240, 320),), seed=1)
+        call, canvas = (lambda: model(images)), model.transform(images)[0].tensors
+    with torch.no_grad():
+        plain, plain_flops = call(), count_flops(call)
+        strips = _strips(canvas.shape[-2], fraction)
+        reference = sum(count_flops(lambda s=s: model.backbone.body(canvas[..., :s, :])) for s in strips)
+        handle = inject_slowdown(model, fraction)
+        hooked, hooked_flops = call(), count_flops(call)
+        handle.remove()
+    assert reference > 0 and len(strips) == (2 if fraction > 0.5 else 1)
+    assert hooked_flops - plain_flops == reference
+    if impl == "static":
+        assert int(plain.valid.sum()) > 10
+        pairs = zip(plain._fields, plain, hooked)
+    else:
+        pairs = ((k, a[k], b[k]) for a, b in zip(plain, hooked) for k in a)
+    for name, x, y in pairs:
+        assert torch.equal(x, y), name
+
+
+# ------------------------------------------------------------------------------------------------
+# The pipeline registry and the module graph
+
+
+def test_every_compiler_has_one_registered_pipeline():
+    assert set(pipelines.PIPELINES) == set(COMPILERS)
+    with pytest.raises(ValueError, match="already registered"):
+        pipelines.register_pipeline("eager")(pipelines.build_eager)
+
+
+def test_a_missing_lazy_subcommand_fails_alone(monkeypatch, capsys):
+    monkeypatch.setitem(cli.LAZY_COMMANDS, "export-time", ("mrcnn_bench.no_such_module", "help"))
+    assert cli.main(["export-time", "--x"]) == 2
+    assert "mrcnn_bench.no_such_module cannot be imported" in capsys.readouterr().err

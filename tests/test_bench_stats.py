@@ -1,15 +1,17 @@
-"""The latency gate's decision rule (mrcnn_bench.stats) and the slowdown knob it is measured with."""
+"""The latency gate's decision rule (mrcnn_bench.stats) and the slowdown it is measured with
+(mrcnn_bench.slowdown; its extra FLOPs and unchanged outputs are tested in test_bench.py)."""
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import pytest
 import torch
 
-from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
-from mrcnn.transform import to_image_batch
-from mrcnn.weights import load_torchvision_weights, textured_images
+from mrcnn_bench.cases import CASES, Row, Variant
+from mrcnn_bench.slowdown import inject_slowdown
 from mrcnn_bench.stats import compare_latency, min_p_value
 
 
@@ -99,35 +101,23 @@ def test_min_p_value():
     compare_latency(*_interleaved(7, 0.0, seed=6))
 
 
-@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5, float("nan")])
-def test_inject_slowdown_validation(value):
-    with pytest.raises(ValueError, match="inject_slowdown"):
-        get_config("tiny", inject_slowdown=value)
-
-
-def test_inject_slowdown_keeps_outputs(tiny_cfg, tiny_weights):
-    batch = to_image_batch(textured_images(((256, 256),), seed=1), tiny_cfg)
-    outputs = []
-    for slowdown in (0.0, 0.1, 0.6):  # 0.6 also exercises a whole extra pass of the body plus a strip
-        model = load_torchvision_weights(MaskRCNN(tiny_cfg.replace(inject_slowdown=slowdown)).eval(), tiny_weights)
-        with torch.no_grad():
-            outputs.append(model(batch))
-    assert int(outputs[0].valid.sum()) > 10
-    for out in outputs[1:]:
-        for field, x, y in zip(out._fields, outputs[0], out):
-            assert torch.equal(x, y), field
-
-
-def test_inject_slowdown_does_extra_body_work(tiny_cfg, tiny_weights, monkeypatch):
-    """The knob runs the ResNet body again over a strip of rows sized by the fraction (not a sleep)."""
-    model = load_torchvision_weights(MaskRCNN(tiny_cfg.replace(inject_slowdown=0.1)).eval(), tiny_weights)
-    heights = []
-    model.backbone.body.register_forward_pre_hook(lambda _m, args: heights.append(args[0].shape[-2]))
-    batch = to_image_batch(textured_images(((240, 320),), seed=1), tiny_cfg)
+def test_slowdown_hook_leaves_training_alone_and_checks_its_fraction(tiny_cfg):
+    model = MaskRCNN(tiny_cfg)
+    inject_slowdown(model, 0.3)
+    calls = []
+    model.backbone.body.register_forward_pre_hook(lambda _m, args: calls.append(args[0].shape[-2]))
     with torch.no_grad():
-        model(batch)
-    assert heights[0] == 320 and len(heights) == 2 and 0 < heights[1] < 320
-    model.train()
-    heights.clear()
-    assert model._injected_work(batch.tensors).item() == 0.0
-    assert len(heights) == 1
+        model.backbone.train()(torch.zeros(1, 3, 64, 64))
+        assert calls == [64]
+        model.backbone.eval()(torch.zeros(1, 3, 64, 64))
+        assert calls == [64, 64, round(0.3 / 0.5 * 64)]
+    for bad in (-0.1, 1.0, float("nan")):
+        with pytest.raises(ValueError, match="slowdown"):
+            inject_slowdown(model, bad)
+        with pytest.raises(ValueError, match="slowdown"):
+            Variant("B", slowdown=bad)
+
+
+def test_a_variant_travels_to_a_worker_with_its_slowdown():
+    row = Row(CASES["static/eager"], Variant("B", "/code", (("box_score_thresh", 0.1),), slowdown=0.2))
+    assert Row.from_dict(json.loads(json.dumps(row.to_dict()))) == row

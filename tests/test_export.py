@@ -4,12 +4,14 @@ The custom ops' own checks (``torch.library.opcheck`` of ``mrcnn::nms_fixed``,
 ``mrcnn::multilevel_roi_align`` and their ``*_tv`` torchvision-kernel forms, fake kernels and
 autograd) live in tests/test_ops.py. Here: the packages hold none of those ops (all have Python
 kernels only), neither as a graph node nor as an op an AOTInductor package calls by name.
-Measured on the 2-core CPU machine: the exported-program tests take about 30 s beyond the shared
-weights fixture; the AOTInductor compile about 75 to 90 s and the C++ build about 15 to 20 s.
+``mrcnn export`` (:mod:`mrcnn.export.cli`) builds and checks packages; the harness's
+``mrcnn-bench export-time`` (:mod:`mrcnn_bench.export_timing`) checks and times them.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import re
@@ -22,12 +24,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrcnn import export
-from mrcnn.export import DeployableMaskRCNN, build_packages, load_exported, read_ppm, write_ppm
+from mrcnn.export import DeployableMaskRCNN, build_packages, load_exported, read_meta, read_ppm, write_ppm
+from mrcnn.export import cli as export_cli
+from mrcnn.export.checks import aoti_extern_ops, check_aoti_package, check_exportable
+from mrcnn.export.compare import match_outputs
+from mrcnn.export.core import OUTPUT_NAMES, decompose_mrcnn_ops, example_inputs, export_model, tensor_ops_model
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
+from mrcnn_bench import export_timing
 
 ROOT = Path(__file__).resolve().parent.parent
 CANVAS = (320, 448)  # tiny's bucket for a 240x320 image
@@ -55,7 +61,7 @@ def batch(tiny_cfg, image):
 def eager_outputs(model, batch):
     """What every package must reproduce: eager forward of the pure-tensor model."""
     with torch.no_grad():
-        return DeployableMaskRCNN(export.tensor_ops_model(model))(batch.tensors, batch.image_sizes)
+        return DeployableMaskRCNN(tensor_ops_model(model))(batch.tensors, batch.image_sizes)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +77,7 @@ def aoti_path(model, tmp_path_factory):
 
 
 def assert_outputs_close(expected, actual, atol_boxes=1e-4, atol=1e-5):
-    names = export.OUTPUT_NAMES
+    names = OUTPUT_NAMES
     for name, e, a in zip(names, expected, actual):
         assert a.shape == e.shape and a.dtype == e.dtype, (name, a.shape, a.dtype, e.shape, e.dtype)
     assert torch.equal(expected[4], actual[4]), "valid masks differ"
@@ -88,7 +94,7 @@ def assert_outputs_close(expected, actual, atol_boxes=1e-4, atol=1e-5):
 @pytest.mark.filterwarnings("ignore:The given buffer is not writable")
 def test_export_is_static_and_aten_only(exported_path, eager_outputs):
     ep = torch.export.load(exported_path)
-    export.check_exportable(ep)  # raises on symbolic sizes, non-aten ops or ops without a C++ kernel
+    check_exportable(ep)  # raises on symbolic sizes, non-aten ops or ops without a C++ kernel
     assert not ep.range_constraints
     # mrcnn::nms_fixed and mrcnn::multilevel_roi_align were decomposed into aten ops (the reload
     # above would fail on a node naming an op this process had not registered).
@@ -105,7 +111,7 @@ def test_export_is_static_and_aten_only(exported_path, eager_outputs):
 @pytest.mark.slow
 def test_strict_export_traces_whole_model(model):
     """strict=True traces with TorchDynamo, which raises on any graph break; same graph as non-strict."""
-    ep = export.export_model(model, CANVAS, 1, strict=True)
+    ep = export_model(model, CANVAS, 1, strict=True)
     assert not ep.range_constraints
     assert any(n.target == torch.ops.aten.topk.default for n in ep.graph.nodes)
 
@@ -117,7 +123,7 @@ def test_check_exportable_rejects_dynamic_and_custom_ops(model):
 
     dyn = torch.export.export(Double(), (torch.zeros(4, 3),), dynamic_shapes=({0: torch.export.Dim("n")},))
     with pytest.raises(RuntimeError, match="symbolic"):
-        export.check_exportable(dyn)
+        check_exportable(dyn)
 
     # The torchvision-kernel ops export too (their fake kernels give the static shapes), but their
     # Python kernels could not run from C++: check_exportable names them. (The composite ops left
@@ -125,13 +131,13 @@ def test_check_exportable_rejects_dynamic_and_custom_ops(model):
     tv = MaskRCNN(model.cfg.replace(ops_impl="torchvision")).eval()
     tv.load_state_dict(model.state_dict())
     with torch.no_grad():
-        ep = torch.export.export(DeployableMaskRCNN(tv), export.example_inputs(CANVAS, 1))
+        ep = torch.export.export(DeployableMaskRCNN(tv), example_inputs(CANVAS, 1))
     assert not ep.range_constraints
-    assert export.decompose_mrcnn_ops(ep) is ep  # nothing composite to decompose: the *_tv ops stay
+    assert decompose_mrcnn_ops(ep) is ep  # nothing composite to decompose: the *_tv ops stay
     with pytest.raises(RuntimeError, match=r"mrcnn::nms_fixed_tv, not an aten op \(its kernels are written in Py"):
-        export.check_exportable(ep)
+        check_exportable(ep)
     with pytest.raises(RuntimeError, match=r"mrcnn::multilevel_roi_align_tv, not an aten op"):
-        export.check_exportable(ep)
+        check_exportable(ep)
 
 
 def test_exported_reloads_in_fresh_process(exported_path, batch, eager_outputs, tmp_path):
@@ -156,7 +162,7 @@ def test_exported_predict_matches_eager_model(exported_path, model, image):
     deployed = load_exported(exported_path)
     assert deployed.format == "exported" and deployed.meta.canvas == CANVAS and deployed.meta.ops_impl == "tensor"
     (got,) = deployed.predict([image[0]])
-    (want,) = export.tensor_ops_model(model).predict([image[0]])
+    (want,) = tensor_ops_model(model).predict([image[0]])
     assert torch.equal(got["labels"], want["labels"])
     torch.testing.assert_close(got["boxes"], want["boxes"], atol=1e-4, rtol=0)
     torch.testing.assert_close(got["masks"], want["masks"], atol=1e-4, rtol=0)
@@ -201,23 +207,84 @@ def test_ppm_roundtrip_with_comment(tmp_path):
         read_ppm(tmp_path / "c.ppm")
 
 
-def test_cli_export(tiny_weights, tmp_path, capsys):
-    import argparse
-
-    torch.save(tiny_weights, tmp_path / "w.pt")
+@pytest.fixture(scope="module")
+def cli_export(tiny_weights, tmp_path_factory):
+    """``mrcnn export --check`` of the exported format: (its output folder, the weights file, return code)."""
+    root = tmp_path_factory.mktemp("cli")
+    torch.save(tiny_weights, root / "w.pt")
     parser = argparse.ArgumentParser()
-    export.add_arguments(parser)
+    export_cli.add_arguments(parser)
+    args = parser.parse_args(["--weights", str(root / "w.pt"), "--format", "exported", "--out", str(root / "out"),
+                              "--sample-image", "240x320", "--check"])
+    return root / "out", root / "w.pt", export_cli.run(args)
+
+
+def test_cli_export(cli_export, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    export_cli.add_arguments(parser)
     bad = parser.parse_args(["--format", "onnx", "--out", str(tmp_path)])
-    assert export.run(bad) == 2
-    assert "--format" in capsys.readouterr().out
-    args = parser.parse_args(["--weights", str(tmp_path / "w.pt"), "--format", "exported", "--out",
-                              str(tmp_path / "out"), "--sample-image", "240x320", "--check", "--rounds", "1"])
-    assert export.run(args) == 0
-    report = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert export_cli.run(bad) == 2
+    assert "--format" in capsys.readouterr().err
+    # Timing left `mrcnn export`: the old flag names the harness command instead.
+    moved = parser.parse_args(["--check", "--rounds", "1", "--out", str(tmp_path)])
+    assert export_cli.run(moved) == 2
+    assert "mrcnn-bench export-time" in capsys.readouterr().err
+    out, _, returncode = cli_export
+    assert returncode == 0
+    report = json.loads((out / "export.json").read_text())
     assert report["meta"]["canvas"] == list(CANVAS) and report["meta"]["batch_size"] == 1
     assert report["check"]["valid_equal"] == {"exported": True}
-    assert set(report["check"]["latency"]) == {"eager (ops_impl=tensor)", "eager (ops_impl=auto)", "exported"}
-    assert (tmp_path / "out" / "sample.ppm").is_file()
+    assert report["check"]["matched"]["exported"]["matched"] == 1.0
+    assert "latency" not in report["check"] and "first_result_s" not in report["check"]
+    assert (out / "sample.ppm").is_file()
+
+
+def _export_time(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    export_timing.add_arguments(parser)
+    return export_timing.run(parser.parse_args(argv))
+
+
+def test_export_time_checks_and_times_packages(cli_export, tiny_weights, tmp_path, capsys):
+    """``mrcnn-bench export-time``: outputs against eager, then eager and the package interleaved."""
+    out, weights, _ = cli_export
+    package = str(out / f"tiny_{CANVAS[0]}x{CANVAS[1]}_b1.exported.pt2")
+    common = ["--weights", str(weights), "--image", str(out / "sample.ppm")]
+    assert _export_time([package, *common, "--rounds", "1", "--out", str(tmp_path / "t.json")]) == 0
+    report = json.loads((tmp_path / "t.json").read_text())
+    assert report["valid_equal"] == {"exported": True} and report["mismatches"] == []
+    assert set(report["latency"]) == {"eager (ops_impl=tensor)", "eager (ops_impl=auto)", "exported"}
+    assert all(t["rounds"] == 1 and t["median_s"] > 0 for t in report["latency"].values())
+    assert set(report["first_result_s"]) == set(report["load_s"]) == {"exported"}
+    assert report["meta"]["canvas"] == list(CANVAS)
+    capsys.readouterr()
+
+    # Other weights than the package's: the outputs differ, exit 1 naming the package.
+    other = {k: v.clone() for k, v in tiny_weights.items()}
+    other["roi_heads.box_predictor.cls_score.bias"][1:] += 3.0
+    torch.save(other, tmp_path / "other.pt")
+    assert _export_time([package, "--weights", str(tmp_path / "other.pt"), "--image", common[3], "--rounds", "1"]) == 1
+    assert "outputs differ from eager: exported:" in capsys.readouterr().err
+
+    # Bad input: exit 2 with one line naming the problem, before anything is loaded or timed.
+    for argv, problem in (([str(tmp_path / "missing.pt2"), *common], "package not found"),
+                          ([package, *common, "--rounds", "0"], "--rounds must be >= 1"),
+                          ([package, package, *common], "two exported packages"),
+                          ([package, "--image", str(tmp_path / "none.ppm")], "--image: no such file")):
+        assert _export_time(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert problem in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_package_metadata_reads_without_loading_and_tolerates_old_config_keys(exported_path):
+    meta = read_meta(exported_path)
+    assert meta == load_exported(exported_path).meta
+    assert meta.format == "exported" and meta.canvas == CANVAS and meta.cfg.name == "tiny"
+    assert "inject_slowdown" not in meta.config  # no benchmark knob travels with a package
+    # A package written when Config had a field it no longer has still loads.
+    old = dataclasses.replace(meta, config={**meta.config, "inject_slowdown": 0.0, "gone_field": 3})
+    assert old.cfg == meta.cfg
+    assert type(meta).from_json(old.to_json()).cfg == meta.cfg
 
 
 # ------------------------------------------------------------------------------------------------
@@ -229,8 +296,8 @@ def test_aoti_package_matches_eager(aoti_path, batch, eager_outputs):
     deployed = load_exported(aoti_path)
     assert deployed.format == "aoti"
     # Everything is compiled in or called through libtorch's C shim: no op is looked up by name.
-    assert export.aoti_extern_ops(aoti_path) == []
-    export.check_aoti_package(aoti_path)
+    assert aoti_extern_ops(aoti_path) == []
+    check_aoti_package(aoti_path)
     metadata = deployed._runner.get_metadata()
     assert metadata["mrcnn.canvas_height"] == "320" and metadata["mrcnn.canvas_width"] == "448"
     assert metadata["mrcnn.batch_size"] == "1"
@@ -239,7 +306,7 @@ def test_aoti_package_matches_eager(aoti_path, batch, eager_outputs):
         assert a.shape == e.shape and a.dtype == e.dtype
     # Inductor's fused kernels round differently from eager's, so near-equal scores may swap ranks:
     # compare the detections as sets, and the sorted scores.
-    stats = export.match_outputs(eager_outputs, out)
+    stats = match_outputs(eager_outputs, out)
     assert stats["matched"] == 1.0 and stats["expected"] == stats["actual"] > 10, stats
     assert stats["min_mask_iou"] > 0.95, stats
     torch.testing.assert_close(out[1].sort(dim=1).values, eager_outputs[1].sort(dim=1).values, atol=1e-4, rtol=0)
@@ -276,9 +343,9 @@ def test_check_aoti_package_rejects_python_kernel_ops(tmp_path):
     path = aoti_compile_and_package(ep, package_path=str(tmp_path / "tv.pt2"))
     # It does run here, where Python registered the op's kernel; a C++ process would not find it.
     assert torch.equal(aoti_load_package(path)(boxes, scores)[0], _TorchvisionNms()(boxes, scores)[0])
-    assert export.aoti_extern_ops(path) == ["mrcnn::nms_fixed_tv"]
+    assert aoti_extern_ops(path) == ["mrcnn::nms_fixed_tv"]
     with pytest.raises(RuntimeError, match=r"calls ops C\+\+ could not run: mrcnn::nms_fixed_tv, not an aten op"):
-        export.check_aoti_package(path)
+        check_aoti_package(path)
 
 
 def test_aoti_extern_ops_reads_the_package_layout(tmp_path):
@@ -293,16 +360,16 @@ def test_aoti_extern_ops_reads_the_package_layout(tmp_path):
     nodes = {"nodes": [{"name": "buf1", "node": {"target": "aten::add.Tensor"}},
                        {"name": "buf2", "node": {"target": "prims::convert_element_type"}}]}
     ok = package({"a.wrapper.cpp": "void run() {}", "a.wrapper_metadata.json": '{"AOTI_DEVICE_KEY": "cpu"}'})
-    assert export.aoti_extern_ops(ok) == []
-    export.check_aoti_package(ok)
+    assert aoti_extern_ops(ok) == []
+    check_aoti_package(ok)
     mixed = package({"a.wrapper.cpp": call * 2, "a.wrapper.json": json.dumps(nodes)})
-    assert export.aoti_extern_ops(mixed) == ["aten::add.Tensor", "prims::convert_element_type"]
+    assert aoti_extern_ops(mixed) == ["aten::add.Tensor", "prims::convert_element_type"]
     # aten::add.Tensor has libtorch kernels; the prims op has Python ones only.
     with pytest.raises(RuntimeError, match=r"prims::convert_element_type, not an aten op") as err:
-        export.check_aoti_package(mixed)
+        check_aoti_package(mixed)
     assert "aten::add" not in str(err.value)
     with pytest.raises(ValueError, match="2 proxy-executor calls but no extern node"):
-        export.aoti_extern_ops(package({"a.wrapper.cpp": call * 2}))
+        aoti_extern_ops(package({"a.wrapper.cpp": call * 2}))
 
 
 def _cpp_tools_missing() -> str | None:

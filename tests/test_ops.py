@@ -121,15 +121,20 @@ def reference_roi_align(features, boxes, output_size, sampling_ratio=2):
 
 
 # The tensor RoIAlign has two gather strategies (embedding_bag on CPU/CUDA, per-tap gathers on
-# XLA); tests run both on the CPU, plus the torchvision impl.
-ROI_VARIANTS = [("tensor", "embedding_bag"), ("tensor", "taps"), ("torchvision", None)]
+# XLA); tests run both on the CPU by swapping the device dispatch for one of them, plus the
+# torchvision impl.
+ROI_VARIANTS = [
+    ("tensor", roi_align_module._weighted_rows_bag),
+    ("tensor", roi_align_module._weighted_rows_taps),
+    ("torchvision", None),
+]
 
 
 @pytest.fixture(params=ROI_VARIANTS, ids=["tensor-embedding_bag", "tensor-taps", "torchvision"])
 def roi_impl(request, monkeypatch) -> str:
-    impl, method = request.param
-    if method is not None:
-        monkeypatch.setattr(roi_align_module, "_WEIGHTED_ROWS_METHOD", method)
+    impl, strategy = request.param
+    if strategy is not None:
+        monkeypatch.setattr(roi_align_module, "_weighted_rows", strategy)
     return impl
 
 

@@ -1,4 +1,5 @@
-"""The training loop (mrcnn.train): schedule, exact resume, NaN stop, AMP, evaluation, CLI, and DDP.
+"""The training engine (mrcnn.engine) and its CLI (mrcnn.train): schedule, exact resume, NaN stop, AMP,
+evaluation, CLI, and DDP.
 
 Everything runs on tiny synthetic data at 128-160 px with small static sizes, a few steps each,
 at one thread (so runs are bitwise reproducible).
@@ -21,19 +22,20 @@ import torch
 from mrcnn.config import get_config
 from mrcnn.data.collate import BucketBatchSampler
 from mrcnn.data.synthetic import generate
-from mrcnn.model import MaskRCNN
-from mrcnn.train import (
+from mrcnn.engine import (
     LOSS_NAMES,
     NonFiniteLossError,
+    TrainConfig,
     WarmupMultiStep,
     build_optimizer,
     build_scheduler,
     checkpoint_path,
     latest_checkpoint,
     load_checkpoint,
-    main,
     train,
 )
+from mrcnn.model import MaskRCNN
+from mrcnn.train import main
 
 SMALL = dict(
     min_size=128,
@@ -75,10 +77,10 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def run(cfg, data, out, **kwargs):
-    options = dict(batch_size=2, lr=0.01, warmup_iters=2, val_split=None, progress=False)
-    options.update(kwargs)
-    return train(cfg, data, out, **options)
+def run(cfg, data, out, *, resume=None, weights=None, **settings):
+    """train() with small defaults; ``settings`` are TrainConfig fields."""
+    options = TrainConfig(**{"batch_size": 2, "lr": 0.01, "warmup_iters": 2, "val_split": None, **settings})
+    return train(cfg, data, out, options, resume=resume, weights=weights, progress=False)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -127,7 +129,7 @@ def test_resume_continues_exactly(cfg, data, tmp_path):
     first_half = load_checkpoint(checkpoint_path(split, 2))
     assert first_half["step"] == 2 and set(first_half) >= {"model", "optimizer", "scheduler", "rng", "epoch"}
     result = run(cfg, data, split, steps=5, resume=split)  # a folder: its latest checkpoint
-    assert result["step"] == 5
+    assert result.step == 5
 
     a, b = records(straight), records(split)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4, 5]
@@ -163,7 +165,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(cfg, data, tmp_path, 
                     out["loss_mask"] = out["loss_mask"] * float("nan")
             return out
 
-    monkeypatch.setattr("mrcnn.train.build_model", lambda cfg, weights=None, *_, **__: NanAtFourthStep(cfg))
+    monkeypatch.setattr("mrcnn.engine.launch.build_model", lambda cfg, weights=None, *_, **__: NanAtFourthStep(cfg))
     with pytest.raises(
         NonFiniteLossError, match=r"non-finite loss at step 4 \(.*loss_mask=nan.*checkpoint_0000002\.pt kept"
     ):
@@ -184,7 +186,7 @@ def test_epochs_cover_every_image_once(cfg, data, tmp_path):
     batches = len(BucketBatchSampler(dataset.sizes, cfg, 2))
     result = run(cfg, data, tmp_path, epochs=1)
     rows = records(tmp_path)
-    assert result["step"] == len(rows) == batches
+    assert result.step == len(rows) == batches
     assert {r["epoch"] for r in rows} == {0}
     assert sum(r["gt_instances"][0] for r in rows) == len(dataset.coco.getAnnIds(iscrowd=False))
     with pytest.raises(ValueError, match="exactly one of steps and epochs"):
@@ -207,7 +209,7 @@ def test_weights_start_the_model(cfg, data, tmp_path):
 
 def test_bf16_training_on_cpu(cfg, data, tmp_path):
     result = run(cfg, data, tmp_path, steps=2, amp="bf16")
-    assert result["step"] == 2 and all(torch.isfinite(torch.tensor(v)) for v in result["losses"].values())
+    assert result.step == 2 and all(torch.isfinite(torch.tensor(v)) for v in result.losses.values())
     weights = load_checkpoint(checkpoint_path(tmp_path, 2))["model"]
     assert all(v.dtype != torch.bfloat16 for v in weights.values()), "master weights stay fp32"
 
@@ -221,7 +223,7 @@ def test_fp16_needs_cuda(cfg, data, tmp_path):
 def test_fp16_gradscaler_training_on_cuda(cfg, data, tmp_path):
     result = run(cfg, data, tmp_path, steps=3, amp="fp16", device="cuda", checkpoint_every=3)
     ckpt = load_checkpoint(checkpoint_path(tmp_path, 3))
-    assert result["step"] == 3 and ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
+    assert result.step == 3 and ckpt["scaler"] is not None and ckpt["scaler"]["scale"] > 0
     assert all(torch.isfinite(v).all() for v in ckpt["model"].values())
 
 
@@ -311,7 +313,7 @@ def test_ddp_rank_without_ground_truth_neither_crashes_nor_hangs(cfg, data, tmp_
 
 
 def test_torchvision_impl_starts_from_the_static_weights_trains_and_evaluates(cfg, data, tmp_path):
-    from mrcnn.train import build_model
+    from mrcnn.engine import build_model
 
     torch.manual_seed(3)
     static = build_model(cfg).state_dict()
@@ -326,7 +328,7 @@ def test_torchvision_impl_starts_from_the_static_weights_trains_and_evaluates(cf
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["gt_instances"][0] >= 0 and r["loss"] > 0 and r["cpu_time"] > 0 for r in rows)
     assert 0.0 <= rows[-1]["bbox/AP"] <= 1.0 and 0.0 <= rows[-1]["segm/AP"] <= 1.0
-    assert load_checkpoint(result["checkpoint"])["impl"] == "torchvision"
+    assert load_checkpoint(result.checkpoint)["impl"] == "torchvision"
     # The same batches: both implementations see the same ground-truth count at every step.
     static_out = tmp_path / "static"
     run(cfg, data, static_out, steps=2, val_split=None)
@@ -338,35 +340,62 @@ def test_torchvision_impl_starts_from_the_static_weights_trains_and_evaluates(cf
 def test_recipe_sets_the_run_and_explicit_flags_override_it(tmp_path, monkeypatch):
     import argparse
 
-    from mrcnn.recipes import Recipe, get_recipe
-    from mrcnn.train import add_arguments, resolve_arguments
+    from mrcnn.recipes import get_recipe
+    from mrcnn.train import UsageError, add_arguments, resolve_arguments
 
-    monkeypatch.setattr(Recipe, "prepare_data", lambda self, base="data": self.data_root(base))
+    monkeypatch.chdir(tmp_path)  # the relative data folder "d" below
     parser = add_arguments(argparse.ArgumentParser())
     recipe = get_recipe("ci")
-    cfg, kwargs = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path), "--data", "d"]))
-    assert cfg == recipe.config() and kwargs["data_root"] == recipe.data_root("d")
-    assert (kwargs["steps"], kwargs["batch_size"], kwargs["lr"]) == (recipe.steps, recipe.batch_size, recipe.lr)
-    assert kwargs["lr_steps"] == list(recipe.lr_steps) and kwargs["warmup_iters"] == recipe.warmup_iters
-    assert (kwargs["optimizer"], kwargs["val_split"]) == (recipe.optimizer, recipe.eval_split)
+    job = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path), "--data", "d"]))
+    cfg, opts, want = job.cfg, job.options, recipe.train
+    assert cfg == recipe.config() and job.data_root == recipe.data_root("d")
+    assert (opts.steps, opts.batch_size, opts.lr) == (want.steps, want.batch_size, want.lr)
+    assert opts.lr_steps == want.lr_steps and opts.warmup_iters == want.warmup_iters
+    assert (opts.optimizer, opts.val_split) == (want.optimizer, want.val_split)
+    assert not (Path("d") / "synth-48-0-s0").exists(), "resolving flags must not generate data"
 
     argv = ["--recipe", "ci", "--out", str(tmp_path), "--lr", "0.5", "--steps", "7", "--set", "min_size=192"]
-    cfg, kwargs = resolve_arguments(parser.parse_args(argv))
-    assert (kwargs["steps"], kwargs["lr"], cfg.min_size) == (7, 0.5, 192)
-    assert kwargs["batch_size"] == recipe.batch_size and cfg.max_size == recipe.config().max_size
-    _, kwargs = resolve_arguments(parser.parse_args([*argv, "--val-split", "", "--optimizer", "sgd"]))
-    assert (kwargs["val_split"], kwargs["optimizer"]) == (None, "sgd")
+    job = resolve_arguments(parser.parse_args(argv))
+    assert (job.options.steps, job.options.lr, job.cfg.min_size) == (7, 0.5, 192)
+    assert job.options.batch_size == want.batch_size and job.cfg.max_size == recipe.config().max_size
+    job = resolve_arguments(parser.parse_args([*argv, "--val-split", "", "--optimizer", "sgd"]))
+    assert (job.options.val_split, job.options.optimizer) == (None, "sgd")
+    job = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path), "--epochs", "2"]))
+    assert (job.options.steps, job.options.epochs) == (None, 2)
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    _, kwargs = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path)]))
-    assert kwargs["batch_size"] == recipe.batch_size // 2  # the recipe's batch is global
+    job = resolve_arguments(parser.parse_args(["--recipe", "ci", "--out", str(tmp_path)]))
+    assert job.options.batch_size == want.batch_size // 2  # the recipe's batch is global
 
-    with pytest.raises(SystemExit, match="--steps"):
+    with pytest.raises(UsageError, match="--steps"):
         resolve_arguments(parser.parse_args(["--out", str(tmp_path), "--data", "d"]))
 
 
+def test_cli_reports_bad_flags_and_bad_input_in_one_line(tmp_path, capsys):
+    """Exit 2 with one line naming the problem (argparse's usage line before it for usage errors), no traceback."""
+    with pytest.raises(SystemExit) as info:
+        main(["--out", str(tmp_path / "x")])
+    assert info.value.code == 2 and "--steps" in capsys.readouterr().err
+
+    assert main(["--recipe", "nosuch", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown recipe 'nosuch'" in err[0]
+
+    argv = ["--out", str(tmp_path / "x"), "--steps", "1", "--quiet", "--device", "cpu"]
+    assert main([*argv, "--data", str(tmp_path / "absent")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "absent" in err[0] and "not found" in err[0]
+
+    bad = tmp_path / "bad"
+    (bad / "annotations").mkdir(parents=True)
+    (bad / "annotations" / "instances_train.json").write_text('{"images": [}')
+    assert main([*argv, "--data", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "instances_train.json" in err[0] and "malformed JSON" in err[0]
+
+
 def test_adamw_and_gradient_clipping(cfg, data, tmp_path):
-    from mrcnn.train import OPTIMIZERS
+    from mrcnn.engine import OPTIMIZERS
 
     assert isinstance(build_optimizer(torch.nn.Linear(2, 2), 1e-3, 0.9, 1e-4, "adamw"), torch.optim.AdamW)
     with pytest.raises(ValueError, match="optimizer"):
@@ -374,9 +403,9 @@ def test_adamw_and_gradient_clipping(cfg, data, tmp_path):
     assert OPTIMIZERS == ("sgd", "adamw")
     clipped = run(cfg, data, tmp_path / "clip", steps=2, optimizer="adamw", clip_grad_norm=1e-3, lr=1.0)
     free = run(cfg, data, tmp_path / "free", steps=2, optimizer="adamw", clip_grad_norm=0.0, lr=1.0)
-    assert all(math.isfinite(v) for v in clipped["losses"].values())
+    assert all(math.isfinite(v) for v in clipped.losses.values())
     # The first moment holds the gradients AdamW was given: clipped ones differ.
-    a, b = (load_checkpoint(r["checkpoint"])["optimizer"]["state"] for r in (clipped, free))
+    a, b = (load_checkpoint(r.checkpoint)["optimizer"]["state"] for r in (clipped, free))
     assert not torch.allclose(a[0]["exp_avg"], b[0]["exp_avg"]), "clipping must change the gradients seen"
     with pytest.raises(ValueError, match="optimizer"):
         run(cfg, data, tmp_path / "bad", steps=1, optimizer="lamb")
@@ -385,7 +414,7 @@ def test_adamw_and_gradient_clipping(cfg, data, tmp_path):
 def test_zero_residual_init_zeroes_the_last_conv_of_each_trainable_block(cfg):
     from torchvision.models.resnet import BasicBlock
 
-    from mrcnn.train import build_model
+    from mrcnn.engine import build_model
 
     torch.manual_seed(0)
     model = build_model(cfg, init="zero_residual")

@@ -1,5 +1,19 @@
-"""Benchmark harness for the static Mask R-CNN: cases -> runner -> store -> report -> gate.
+"""Benchmark harness for the static Mask R-CNN: cases -> runner -> records -> store -> report -> gate.
+
+Modules, each importing only those above it (no cycles):
+
+    backends, stats, parity       devices and compile counters; the latency rule; detection parity
+    cases                         Case, Workload, Variant, Row: what to run
+    slowdown                      the harness-side slowdown hook (latency-gate tests)
+    context                       Context: images, weights, training samples of a run
+    pipelines                     Pipeline, and PIPELINES: one builder per compiler, by name
+    execution, worker             a row in this process or in a bounded worker subprocess
+    probes, profile               peak rates, FLOPs, machine state; stage timings
+    records, store, report        typed records and run files; tables, plots; dashboard
+    runner                        the interleaved run loop (RunOptions -> RunOutput)
+    ab, compile_probe, gate       compare A B (CompareOptions); the merge gate (GateOptions)
+    cli                           ``mrcnn-bench``: the only module that reads argv
 
 asv (``bench/asv_suite``) and pytest-benchmark (``bench/test_*.py``) are thin front ends over
-:mod:`mrcnn_bench.cases`; ``mrcnn-bench`` is the command line.
+:mod:`mrcnn_bench.cases` and :mod:`mrcnn_bench.pipelines`.
 """

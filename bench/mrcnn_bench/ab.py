@@ -11,19 +11,22 @@ Deterministic metrics (compile counts, graph breaks, FLOPs) are compared exactly
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import dataclasses
 import json
 import math
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from mrcnn_bench import stats, store
+from mrcnn_bench import runner, stats, store
+from mrcnn_bench.cases import Case, Row, Variant
+from mrcnn_bench.records import Record, RunDocument, to_document
 from mrcnn_bench.report import as_number
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
@@ -31,8 +34,41 @@ DEFAULT_COMPARE_CASES = "static/eager"
 DEFAULT_COMPARE_ROUNDS = 25  # measured: see results/latency_gate (power against a 10% slowdown)
 
 
-def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], threshold: float | None = None,
-                    paired: bool = True):
+@dataclass
+class CompareOptions:
+    """``compare A B``: two run files, or two pieces of code (git refs, checkout directories) run live.
+
+    ``run`` is what a live comparison runs (its ``rows`` are replaced by ``cases`` x (A, B)); it is
+    unused, and may be None, for run files.
+    """
+
+    a: str
+    b: str
+    cases: list[Case] = dataclasses.field(default_factory=list)
+    run: runner.RunOptions | None = None
+    overrides_a: tuple[tuple[str, Any], ...] = ()  # config overrides of A only (live)
+    overrides_b: tuple[tuple[str, Any], ...] = ()
+    slowdown_a: float = 0.0  # extra inference work of A only (live; see mrcnn_bench.slowdown)
+    slowdown_b: float = 0.0
+    threshold: float | None = None  # relative slowdown that counts (None: the stats module's default)
+    out: str | None = None  # write the comparison as JSON here
+
+    def __post_init__(self) -> None:
+        for label, slowdown in (("A", self.slowdown_a), ("B", self.slowdown_b)):
+            if not 0.0 <= slowdown < 1.0:
+                raise ValueError(f"the slowdown of {label} must be in [0, 1), got {slowdown}")
+
+
+def are_run_files(a: str, b: str) -> bool:
+    """True for two run files (.json), False for two pieces of code; ValueError for one of each."""
+    files = [Path(x).suffix == ".json" for x in (a, b)]
+    if any(files) and not all(files):
+        raise ValueError("compare two run files, or two pieces of code (git refs / directories), not one of each")
+    return all(files)
+
+
+def compare_records(a: list[Record], b: list[Record], threshold: float | None = None,
+                    paired: bool = True) -> pd.DataFrame:
     """One line per case present in both: medians, ratio, p-value, verdict, and exact-metric changes.
 
     ``paired``: the timings come from one interleaved run (round i of A next to round i of B), so
@@ -41,23 +77,23 @@ def compare_records(a: list[dict[str, Any]], b: list[dict[str, Any]], threshold:
     kwargs: dict[str, Any] = {"rule": "paired" if paired else "unpaired"}
     if threshold is not None:
         kwargs["threshold"] = threshold
-    by_case = {r["case"]: r for r in a if r["status"] == "ok"}
+    by_case = {r.case: r for r in a if r.status == "ok"}
     lines = []
     for rb in b:
-        ra = by_case.get(rb["case"])
-        if ra is None or rb["status"] != "ok":
+        ra = by_case.get(rb.case)
+        if ra is None or rb.status != "ok":
             continue
-        n = min(len(ra["times_s"]), len(rb["times_s"]))
-        verdict = stats.compare_latency(ra["times_s"][:n], rb["times_s"][:n], **kwargs)
+        n = min(len(ra.times_s), len(rb.times_s))
+        verdict = stats.compare_latency(ra.times_s[:n], rb.times_s[:n], **kwargs)
         changed = []
         for m in EXACT_METRICS:
-            va, vb = as_number(ra.get(m)), as_number(rb.get(m))
+            va, vb = as_number(getattr(ra, m)), as_number(getattr(rb, m))
             if not (math.isnan(va) and math.isnan(vb)) and va != vb:
                 changed.append(f"{m} {va:g} -> {vb:g}")
         lines.append({
-            "case": rb["case"],
-            "median_a_s": as_number(ra["median_s"]),
-            "median_b_s": as_number(rb["median_s"]),
+            "case": rb.case,
+            "median_a_s": as_number(ra.median_s),
+            "median_b_s": as_number(rb.median_s),
             "ratio_b_over_a": verdict.estimate,
             "ci95": f"{verdict.ci_low:.3f}-{verdict.ci_high:.3f}",
             "p_value": verdict.p_wilcoxon if paired else verdict.p_mannwhitney,
@@ -99,47 +135,38 @@ def checkout(spec: str) -> Iterator[str]:
             subprocess.run(["git", "worktree", "remove", "--force", tmp], cwd=store.REPO, capture_output=True)
 
 
-def run_live(args: argparse.Namespace) -> tuple[list[dict], list[dict], dict[str, Any]]:
+def run_live(opts: CompareOptions) -> tuple[list[Record], list[Record], RunDocument]:
     """Run A and B interleaved in one run (each in a worker importing its own code)."""
-    from mrcnn_bench import runner
-    from mrcnn_bench.cases import parse_cases
-    from mrcnn_bench.cli import run_options
-
-    cases = parse_cases(args.cases or DEFAULT_COMPARE_CASES)
-    if args.rounds is None:
-        args.rounds = DEFAULT_COMPARE_ROUNDS
-    with checkout(args.a) as code_a, checkout(args.b) as code_b:
-        va = runner.Variant("A", code_a, tuple(args.set_a))
-        vb = runner.Variant("B", code_b, tuple(args.set_b))
-        rows = [runner.Row(c, v) for c in cases for v in (va, vb)]
-        opts = run_options(args, rows=rows)
-        raw = runner.run(opts)
-    env = store.environment(raw["threads"], opts.seed)
-    doc = store.to_document(raw, "compare", env)
-    recs = doc["records"]
-    return [r for r in recs if r["variant"] == "A"], [r for r in recs if r["variant"] == "B"], doc
+    if opts.run is None:
+        raise ValueError("a live comparison needs run options")
+    with checkout(opts.a) as code_a, checkout(opts.b) as code_b:
+        va = Variant("A", code_a, opts.overrides_a, opts.slowdown_a)
+        vb = Variant("B", code_b, opts.overrides_b, opts.slowdown_b)
+        rows = [Row(c, v) for c in opts.cases for v in (va, vb)]
+        out = runner.run(dataclasses.replace(opts.run, rows=rows))
+    doc = to_document(out.rows, out.info, "compare", store.environment(out.info.threads, opts.run.seed))
+    recs = doc.records
+    return [r for r in recs if r.variant == "A"], [r for r in recs if r.variant == "B"], doc
 
 
-def main(args: argparse.Namespace) -> int:
+def compare(opts: CompareOptions) -> int:
     """Print the comparison; exit 1 when a regression is flagged."""
-    files = [Path(x).suffix == ".json" for x in (args.a, args.b)]
-    if all(files):
-        recs_a, recs_b = store.load(args.a)["records"], store.load(args.b)["records"]
-        doc = None
+    doc: RunDocument | None = None
+    if are_run_files(opts.a, opts.b):
+        recs_a, recs_b = store.load(opts.a).records, store.load(opts.b).records
         print("A and B are separate runs: drift between runs is not cancelled (unpaired test); "
               "compare code live for a latency verdict.")
-    elif any(files):
-        raise ValueError("compare two run files, or two pieces of code (git refs / directories), not one of each")
     else:
-        recs_a, recs_b, doc = run_live(args)
-    table = compare_records(recs_a, recs_b, args.threshold, paired=doc is not None)
+        recs_a, recs_b, doc = run_live(opts)
+    table = compare_records(recs_a, recs_b, opts.threshold, paired=doc is not None)
     if table.empty:
         raise ValueError("no case ran successfully in both A and B")
     print(table.to_markdown(index=False, floatfmt=".4g"))
     flagged = table[table["regression"]]
     for _, line in flagged.iterrows():
         print(f"REGRESSION {line['case']}: {line['verdict']}")
-    if args.out:
-        out = {"a": args.a, "b": args.b, "comparison": json.loads(table.to_json(orient="records")), "run": doc}
-        Path(args.out).write_text(json.dumps(store._nan_to_none(out), indent=1, default=str) + "\n")
+    if opts.out:
+        out = {"a": opts.a, "b": opts.b, "comparison": json.loads(table.to_json(orient="records")),
+               "run": doc.to_dict() if doc is not None else None}
+        Path(opts.out).write_text(json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
     return 1 if len(flagged) else 0

@@ -11,10 +11,12 @@ import contextlib
 import importlib.util
 import os
 from pathlib import Path
+from typing import Literal, get_args
 
 import torch
 
-BACKENDS = ("cpu", "xla", "cuda")
+Backend = Literal["cpu", "xla", "cuda"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
 
 
 def unavailable(backend: str) -> str | None:
@@ -33,7 +35,7 @@ def unavailable(backend: str) -> str | None:
 
 def device(backend: str) -> torch.device:
     if backend == "xla":
-        import torch_xla
+        import torch_xla  # optional dependency: only the xla backend needs it
 
         return torch_xla.device()
     return torch.device(backend)
@@ -44,13 +46,14 @@ def sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     elif dev.type == "xla":
-        import torch_xla
+        import torch_xla  # optional dependency: only the xla backend needs it
 
         torch_xla.sync()
 
 
 def dynamo_counters() -> dict[str, float]:
     """Dynamo's unique graphs, graph breaks, recompiles and compile seconds (process-wide)."""
+    # Imported here: torch._dynamo adds about a second to the start of every command that never compiles.
     from torch._dynamo.utils import compilation_time_metrics, counters, guard_failures
 
     return {
@@ -65,6 +68,7 @@ def dynamo_counters() -> dict[str, float]:
 
 def dynamo_reasons() -> dict[str, list[str]]:
     """Why dynamo broke graphs and recompiled, as it recorded it (reason strings, with frames)."""
+    # Imported here: start-up time, as in dynamo_counters.
     from torch._dynamo.utils import counters, guard_failures
 
     recompiles = [f"{code.co_name} ({code.co_filename}:{code.co_firstlineno}): {reason}"
@@ -74,7 +78,7 @@ def dynamo_reasons() -> dict[str, list[str]]:
 
 def xla_counters() -> dict[str, float]:
     """torch_xla's UncachedCompile, total CompileTime (s) and the number of CPU fallback ops."""
-    import torch_xla.debug.metrics as met
+    import torch_xla.debug.metrics as met  # optional dependency: only the xla backend needs it
 
     data = met.metric_data("CompileTime")
     return {
@@ -92,17 +96,18 @@ def memory_reset(dev: torch.device) -> float:
     # Writing 5 to clear_refs resets the process's peak RSS (VmHWM) to its current RSS (Linux).
     with contextlib.suppress(OSError):
         Path("/proc/self/clear_refs").write_text("5")
-    return _proc_status_gb("VmRSS")
+    return proc_status_gb("VmRSS")
 
 
 def memory_peak(dev: torch.device) -> float:
     """Peak since :func:`memory_reset`: max allocated on CUDA, peak RSS (VmHWM) otherwise, in GB."""
     if dev.type == "cuda":
         return torch.cuda.max_memory_allocated(dev) / 2**30
-    return _proc_status_gb("VmHWM")
+    return proc_status_gb("VmHWM")
 
 
-def _proc_status_gb(field: str, pid: int | str = "self") -> float:
+def proc_status_gb(field: str, pid: int | str = "self") -> float:
+    """A size field of ``/proc/PID/status`` (VmRSS, VmHWM, ...) in GB; NaN where there is none."""
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(field + ":"):

@@ -1,36 +1,44 @@
 """Benchmark cases: the one definition that the runner, asv, pytest-benchmark and the gate share.
 
 A :class:`Case` is one way of running the model (implementation, backend, compiler, precision,
-phase). A :class:`Workload` is what it runs on (preset, image size, images per call). A run is a
-workload times a list of cases, timed interleaved (see :mod:`mrcnn_bench.runner`).
+phase). A :class:`Workload` is what it runs on (preset, image size, images per call). A
+:class:`Row` is a case plus a :class:`Variant` (which code, which settings). A run is a workload
+times a list of rows, timed interleaved (see :mod:`mrcnn_bench.runner`).
 
 To add a case: add a :class:`Case` to :data:`CASES` (its name is derived from its fields), and, if
-it needs a new way of building the model, a branch in :func:`mrcnn_bench.runner.build_pipeline`.
-It then appears in ``mrcnn-bench run``, in asv (``bench/asv_suite``) when listed in
-:data:`QUICK`, and in the report.
+it needs a new way of compiling the model, a builder registered under its compiler's name in
+:data:`mrcnn_bench.pipelines.PIPELINES` (``@register_pipeline("name")``). It then appears in
+``mrcnn-bench run``, in asv (``bench/asv_suite``) when listed in :data:`QUICK`, and in the report.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
-from mrcnn_bench.backends import unavailable
+from mrcnn_bench.backends import Backend, unavailable
 
-IMPLS = ("static", "torchvision")
-COMPILERS = ("eager", "inductor", "export", "aoti")
-PRECISIONS = ("fp32", "bf16")
-PHASES = ("inference", "training")
+Impl = Literal["static", "torchvision"]  # this model | the dynamic reference
+Compiler = Literal["eager", "inductor", "export", "aoti"]  # none | torch.compile | .pt2 | AOTInductor
+Precision = Literal["fp32", "bf16"]  # bf16: autocast
+Phase = Literal["inference", "training"]  # latency per call | SGD steps per second
+
+IMPLS: tuple[str, ...] = get_args(Impl)
+COMPILERS: tuple[str, ...] = get_args(Compiler)
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+PHASES: tuple[str, ...] = get_args(Phase)
 
 
 @dataclass(frozen=True)
 class Case:
     """One implementation on one backend. ``bounded`` cases run in a worker killed at the time limit."""
 
-    impl: str  # "static" (this model) | "torchvision" (the dynamic reference)
-    backend: str = "cpu"  # "cpu" | "xla" | "cuda"
-    compiler: str = "eager"  # "eager" | "inductor" (torch.compile) | "export" (.pt2) | "aoti" (AOTInductor)
-    precision: str = "fp32"  # "fp32" | "bf16" (autocast)
-    phase: str = "inference"  # "inference": latency per call | "training": SGD steps per second
+    impl: Impl
+    backend: Backend = "cpu"
+    compiler: Compiler = "eager"
+    precision: Precision = "fp32"
+    phase: Phase = "inference"
     bounded: bool = False  # may never finish (torchvision on XLA, torchvision under torch.compile)
 
     def __post_init__(self) -> None:
@@ -75,6 +83,63 @@ class Workload:
         h, w = self.image_size
         return f"{self.preset} {h}x{w} b{self.batch_size}"
 
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Workload:
+        return cls(d["preset"], tuple(d["image_size"]), d["batch_size"], d["images"])
+
+
+@dataclass(frozen=True)
+class Variant:
+    """Which code and settings a row runs: ``code`` is a checkout whose ``mrcnn`` is imported.
+
+    ``slowdown``: the fraction of extra inference work the harness adds to the model
+    (:func:`mrcnn_bench.slowdown.inject_slowdown`), e.g. 0.1 for B in a test of the latency gate.
+    """
+
+    label: str = ""  # "" in a plain run; "A" / "B" in compare
+    code: str | None = None  # None: the mrcnn this process imports
+    overrides: tuple[tuple[str, Any], ...] = ()  # Config overrides, e.g. (("box_score_thresh", 0.05),)
+    slowdown: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.slowdown < 1.0:
+            raise ValueError(f"slowdown must be in [0, 1), got {self.slowdown}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Variant:
+        return cls(d["label"], d["code"], tuple(tuple(kv) for kv in d["overrides"]), d.get("slowdown", 0.0))
+
+
+@dataclass(frozen=True)
+class Row:
+    """A case run with a variant: one line of the table."""
+
+    case: Case
+    variant: Variant = Variant()
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.label}:{self.case.name}" if self.variant.label else self.case.name
+
+    @property
+    def in_worker(self) -> bool:
+        """Bounded cases and other code run in a worker subprocess (:class:`mrcnn_bench.execution.WorkerRow`)."""
+        return self.case.bounded or self.variant.code is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form a worker rebuilds the row from."""
+        return {"case": dataclasses.asdict(self.case), "variant": self.variant.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Row:
+        return cls(Case(**d["case"]), Variant.from_dict(d["variant"]))
+
 
 TRAIN_BATCH = 2  # images per training step (the issue's throughput setting)
 
@@ -115,6 +180,18 @@ DEFAULT_WORKLOADS: dict[str, Workload] = {
 # torchvision on XLA did not finish one image in 15 minutes here; under torch.compile each new size
 # cost 45 to 478 s. Bounded cases report "> limit" with the compile counts they reached.
 DEFAULT_TIME_LIMIT = {"tiny": 120.0, "coco_r50_fpn": 300.0}
+
+
+def default_workload(preset: str, image_size: tuple[int, int] | None = None, batch_size: int = 1,
+                     images: int = 3) -> Workload:
+    """The workload of ``preset`` (its default image size unless ``image_size`` is given)."""
+    default = DEFAULT_WORKLOADS.get(preset, Workload(preset))
+    return Workload(preset, image_size or default.image_size, batch_size, images)
+
+
+def default_time_limit(preset: str) -> float:
+    """Seconds a bounded row gets for set-up + first call, and for each later call."""
+    return DEFAULT_TIME_LIMIT.get(preset, 300.0)
 
 # The issues' speed targets: median latency (or step time) as a multiple of another case's.
 SPEED_TARGETS: dict[str, tuple[str, float]] = {

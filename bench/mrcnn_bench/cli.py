@@ -3,17 +3,37 @@
     mrcnn-bench run [--preset tiny] [--cases all] [--out results/runs]   the main job
     mrcnn-bench compare A B [--cases static/eager]                       A, B: run files, or git refs / checkouts
     mrcnn-bench gate [--baseline results/baselines/gate_tiny.json]       exit 1 on a regression
+    mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
+    mrcnn-bench export-time ...                                          export and AOTInductor build times
     mrcnn-bench report FILE_OR_DIR... [--out DIR]                        tables, plots, dashboard
     mrcnn-bench check-benchmarks out/ci/benchmarks.json                  CI: did the quick cases run?
+
+This is the only module that reads a command line: it turns arguments into each command's typed
+options (:class:`~mrcnn_bench.runner.RunOptions`, :class:`~mrcnn_bench.ab.CompareOptions`,
+:class:`~mrcnn_bench.gate.GateOptions`) and calls the command; commands call each other through
+those options, never through argv.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import sys
 from pathlib import Path
 
-from mrcnn_bench.cases import DEFAULT_TIME_LIMIT, DEFAULT_WORKLOADS, Workload, parse_cases
+from mrcnn.config import get_config
+from mrcnn.overrides import parse_override
+from mrcnn_bench import ab, dashboard, gate, records, report, runner, store
+from mrcnn_bench.cases import CASES, QUICK, Row, default_time_limit, default_workload, parse_cases
+from mrcnn_bench.compile_probe import INJECTIONS
+
+# Subcommands whose modules load only when used: they pull in the training and export stacks
+# (start-up time), and a missing module then fails that subcommand alone.
+LAZY_COMMANDS = {
+    "accuracy-gate": ("mrcnn_bench.accuracy_gate", "train or evaluate a recipe and gate its box and mask AP"),
+    "export-time": ("mrcnn_bench.export_timing", "time torch.export and AOTInductor builds of the model"),
+}
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -26,20 +46,8 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def parse_override(text: str) -> tuple[str, object]:
-    import ast
-
-    key, sep, value = text.partition("=")
-    if not sep:
-        raise argparse.ArgumentTypeError(f"--set expects key=value, got {text!r}")
-    try:
-        return key.strip(), ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return key.strip(), value
-
-
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``run``, ``compare`` (live) and ``gate``: what to run and how."""
+    """Options shared by ``run`` and ``compare`` (live): what to run and how."""
     p.add_argument("--preset", default="tiny", help="config preset (default: tiny)")
     p.add_argument("--cases", default=None, help="comma list of cases, or all / quick / inference / training")
     p.add_argument("--image-size", type=parse_size, default=None, metavar="HxW",
@@ -74,11 +82,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_options(args: argparse.Namespace, rows=None):
+def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> runner.RunOptions:
     """Validated :class:`~mrcnn_bench.runner.RunOptions`; ValueError with a message for the user."""
-    from mrcnn.config import get_config
-    from mrcnn_bench.runner import Row, RunOptions
-
     if args.rounds < 0 or args.warmup < 1 or args.images < 1 or args.batch_size < 1 or args.eval_images < 0:
         raise ValueError("--rounds and --eval must be >= 0, and --warmup, --images and --batch-size >= 1")
     if args.threads is not None and args.threads < 1:
@@ -87,16 +92,14 @@ def run_options(args: argparse.Namespace, rows=None):
         raise ValueError("--time-limit must be > 0")
     overrides = dict(args.overrides)
     get_config(args.preset, **overrides)  # unknown preset or field -> ValueError
-    default = DEFAULT_WORKLOADS.get(args.preset, Workload(args.preset))
-    workload = Workload(args.preset, args.image_size or default.image_size, args.batch_size, args.images)
-    return RunOptions(
-        workload=workload,
+    return runner.RunOptions(
+        workload=default_workload(args.preset, args.image_size, args.batch_size, args.images),
         rows=rows if rows is not None else [Row(c) for c in parse_cases(args.cases)],
         rounds=args.rounds,
         warmup=args.warmup,
         threads=args.threads,
         seed=args.seed,
-        time_limit=args.time_limit or DEFAULT_TIME_LIMIT.get(args.preset, 300.0),
+        time_limit=args.time_limit or default_time_limit(args.preset),
         weights=args.weights,
         coco_root=args.coco_root,
         coco_split=args.coco_split,
@@ -112,20 +115,52 @@ def run_options(args: argparse.Namespace, rows=None):
     )
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from mrcnn_bench import report, runner, store
+def compare_options(args: argparse.Namespace) -> ab.CompareOptions:
+    """:class:`~mrcnn_bench.ab.CompareOptions`; run options and cases only for a live comparison."""
+    for side, overrides in (("-a", args.set_a), ("-b", args.set_b)):
+        if any(key == "inject_slowdown" for key, _ in overrides):
+            new = "--inject-slowdown-a" if side == "-a" else "--inject-slowdown"
+            raise ValueError(f"--set{side} inject_slowdown is no longer a Config field: use {new} FRACTION")
+    slowdowns = (("--inject-slowdown", args.inject_slowdown), ("--inject-slowdown-a", args.inject_slowdown_a))
+    for flag, fraction in slowdowns:
+        if not 0.0 <= fraction < 1.0:
+            raise ValueError(f"{flag} must be in [0, 1), got {fraction}")
+    opts = ab.CompareOptions(args.a, args.b, overrides_a=tuple(args.set_a), overrides_b=tuple(args.set_b),
+                             slowdown_a=args.inject_slowdown_a, slowdown_b=args.inject_slowdown,
+                             threshold=args.threshold, out=args.out)
+    if not ab.are_run_files(args.a, args.b):
+        opts.cases = parse_cases(args.cases or ab.DEFAULT_COMPARE_CASES)
+        if args.rounds is None:
+            args.rounds = ab.DEFAULT_COMPARE_ROUNDS
+        opts.run = run_options(args, rows=[])
+    return opts
 
+
+def gate_options(args: argparse.Namespace) -> gate.GateOptions:
+    opts = gate.GateOptions(
+        preset=args.preset, baseline=args.baseline, write_baseline=args.write_baseline,
+        skip_compile=args.skip_compile, accuracy=args.accuracy, checkpoint=args.checkpoint,
+        accuracy_out=args.accuracy_out, latency_against=args.latency_against, latency_rounds=args.latency_rounds,
+        inject=args.inject, out=args.out)
+    if not args.skip_compile:  # parsed only when used, as the check itself would
+        opts.cases = parse_cases(args.cases)
+    if args.latency_against:
+        opts.latency_cases = parse_cases(args.latency_cases)
+    return opts
+
+
+def cmd_run(args: argparse.Namespace) -> int:
     opts = run_options(args)
-    raw = runner.run(opts)
+    out = runner.run(opts)
     name = args.name or f"run_{opts.workload.preset}"
-    doc = store.to_document(raw, name, store.environment(raw["threads"], opts.seed))
+    doc = records.to_document(out.rows, out.info, name, store.environment(out.info.threads, opts.seed))
     print(report.markdown(doc))
     if args.out:
-        out = Path(args.out)
-        paths = [store.save(doc, out / f"{name}.json"), *report.write(doc, out, with_plots=not args.no_plots)]
+        folder = Path(args.out)
+        paths = [store.save(doc, folder / f"{name}.json"), *report.write(doc, folder, with_plots=not args.no_plots)]
         for p in paths:
             runner.log(f"wrote {p}")
-    errored = [r["row"] for r in doc["records"] if r["status"] == "error"]
+    errored = [r.row for r in doc.records if r.status == "error"]
     if errored:
         runner.log(f"rows that errored: {errored}")
         return 1
@@ -133,32 +168,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from mrcnn_bench import dashboard
-
-    paths = dashboard.build(args.paths, Path(args.out))
-    for p in paths:
+    for p in dashboard.build(args.paths, Path(args.out)):
         print(p)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from mrcnn_bench import ab
-
-    return ab.main(args)
+    return ab.compare(compare_options(args))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
-    from mrcnn_bench import gate
-
-    return gate.main(args)
+    return gate.run_gate(gate_options(args))
 
 
 def cmd_check_benchmarks(args: argparse.Namespace) -> int:
     """Fail unless the pytest-benchmark JSON holds every quick case that can run here."""
-    import json
-
-    from mrcnn_bench.cases import CASES, QUICK
-
     try:
         data = json.loads(Path(args.json).read_text())
     except (OSError, ValueError) as e:
@@ -173,6 +197,57 @@ def cmd_check_benchmarks(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_lazy(command: str, argv: list[str]) -> int:
+    """A subcommand of :data:`LAZY_COMMANDS`: import its module now, parse ``argv`` with its arguments."""
+    module_name, help_text = LAZY_COMMANDS[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{module_name} cannot be imported ({type(e).__name__}: {e})") from None
+    parser = argparse.ArgumentParser(prog=f"mrcnn-bench {command}", description=help_text)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(argv)) or 0)
+
+
+def add_gate_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="tiny", help="preset of the compile-count cases (default: tiny)")
+    p.add_argument("--cases", default=",".join(gate.GATE_CASES),
+                   help=f"compile-count cases (default: {gate.GATE_CASES})")
+    p.add_argument("--baseline", default=None, help="compile baseline (default: results/baselines/gate_<preset>.json)")
+    p.add_argument("--write-baseline", action="store_true", help="record the measured counts as the baseline")
+    p.add_argument("--skip-compile", action="store_true", help="skip the compile-count check")
+    p.add_argument("--accuracy", default="ci", metavar="RECIPE",
+                   help="accuracy-gate recipe (default: ci); 'none' to skip")
+    p.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training the recipe")
+    p.add_argument("--accuracy-out", default=None, metavar="DIR",
+                   help="keep the accuracy run's training output here (metrics.jsonl curve, checkpoints)")
+    p.add_argument("--latency-against", default=None, metavar="REF",
+                   help="also gate latency: the working tree against this git ref, interleaved")
+    p.add_argument("--latency-cases", default="static/eager")
+    p.add_argument("--latency-rounds", type=int, default=None)
+    p.add_argument("--inject", choices=INJECTIONS, default=None,
+                   help="test only: inject a fault (recompile: pad images tightly) to show the gate fails")
+    p.add_argument("--out", default=None, metavar="FILE", help="write the measurements and verdicts as JSON")
+
+
+def add_compare_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", help="run file (.json), or git ref / checkout directory to run live")
+    p.add_argument("b", help="run file (.json), or git ref / checkout directory to run live")
+    add_run_arguments(p)
+    p.add_argument("--set-a", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
+                   help="config override for A only (live)")
+    p.add_argument("--set-b", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
+                   help="config override for B only (live)")
+    p.add_argument("--inject-slowdown", type=float, default=0.0, metavar="FRACTION",
+                   help="B only (live): about this fraction of extra inference work, outputs unchanged "
+                        "(e.g. 0.1; tests the latency gate)")
+    p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
+                   help="the same for A")
+    p.add_argument("--threshold", type=float, default=None, help="relative slowdown that counts (default: stats)")
+    p.set_defaults(rounds=None)
+    p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mrcnn-bench", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -185,23 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="A against B: ratios, Mann-Whitney, regressions flagged")
-    p.add_argument("a", help="run file (.json), or git ref / checkout directory to run live")
-    p.add_argument("b", help="run file (.json), or git ref / checkout directory to run live")
-    add_run_arguments(p)
-    p.add_argument("--set-a", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
-                   help="config override for A only (live)")
-    p.add_argument("--set-b", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
-                   help="config override for B only (live), e.g. inject_slowdown=0.1")
-    p.add_argument("--threshold", type=float, default=None, help="relative slowdown that counts (default: stats)")
-    p.set_defaults(rounds=None)
-    p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
+    add_compare_arguments(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("gate", help="compile counts exact, accuracy gate, optional interleaved latency gate")
-    from mrcnn_bench.gate import add_arguments as add_gate_arguments
-
     add_gate_arguments(p)
     p.set_defaults(func=cmd_gate)
+
+    for command, (_, help_text) in LAZY_COMMANDS.items():
+        # Their arguments are the module's own, parsed by run_lazy once it is imported.
+        sub.add_parser(command, help=help_text, add_help=False)
 
     p = sub.add_parser("check-benchmarks", help="fail unless `pytest bench --benchmark-only` ran every quick case")
     p.add_argument("json", help="the file written by --benchmark-json")
@@ -215,8 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest and args.command not in LAZY_COMMANDS:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
+        if args.command in LAZY_COMMANDS:
+            return run_lazy(args.command, rest)
         return int(args.func(args) or 0)
     except ValueError as e:
         print(f"mrcnn-bench {args.command}: error: {e}", file=sys.stderr)

@@ -14,43 +14,59 @@ from pathlib import Path
 import pandas as pd
 
 from mrcnn_bench import report, store
+from mrcnn_bench.records import Record, RunDocument
 
 
-def merged_frame(records: pd.DataFrame) -> pd.DataFrame:
+def merged_frame(runs: list[RunDocument]) -> pd.DataFrame:
     """(preset, phase, case) x run: 'median s (ratio to its run's torchvision)' or the status."""
+    groups: dict[tuple[str, str], list[Record]] = {}  # (run name, preset) -> records, in order of appearance
+    for doc in runs:
+        for rec in doc.records:
+            groups.setdefault((doc.name, rec.preset), []).append(rec)
     cells = []
-    for (run, preset), group in records.groupby(["run", "preset"], sort=False):
+    for (run, preset), group in groups.items():
         table = report.table_frame(group).set_index("row")
-        for rec in group.to_dict("records"):
-            line = table.loc[rec["row"]]
-            if rec["status"] == "ok":
+        for rec in group:
+            line = table.loc[rec.row]
+            if rec.status == "ok":
                 ratio = line["ratio_vs_tv"]
                 text = f"{line['median_s']:.3g} s" + (f" ({ratio:.2f}x)" if ratio == ratio else "")
             else:
-                text = rec["status"]
-            label = f"{run} [{rec.get('env_host', '?')}, {str(rec.get('env_commit') or '')[:8]}]"
-            cells.append({"preset": preset, "phase": rec["phase"], "case": rec["row"], "run": label, "cell": text})
+                text = rec.status
+            label = f"{run} [{rec.env.get('host', '?')}, {str(rec.env.get('commit') or '')[:8]}]"
+            cells.append({"preset": preset, "phase": rec.phase, "case": rec.row, "run": label, "cell": text})
     df = pd.DataFrame.from_records(cells)
     return df.pivot_table(index=["preset", "phase", "case"], columns="run", values="cell", aggfunc="first",
                           sort=False).fillna("")
 
 
+def records_frame(runs: list[tuple[Path, RunDocument]]) -> pd.DataFrame:
+    """Every record of every run, one line each, with its run's name and file (JSON values: null, not NaN)."""
+    frames = []
+    for file, doc in runs:
+        df = pd.DataFrame.from_records([store.nan_to_none(r.to_dict()) for r in doc.records])
+        df["run"] = doc.name
+        df["file"] = str(file)
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True)
+
+
 def build(paths: list[str], out_dir: Path) -> list[Path]:
     """Reports of every run file in ``paths`` plus the merged index; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    records = store.load_records(paths)
+    runs = store.load_runs(paths)
     written: list[Path] = []
     links = []
-    for file in dict.fromkeys(records["file"]):
-        doc = store.load(file)
+    for doc in {str(file): doc for file, doc in runs}.values():  # a file given twice is reported once
         written += report.write(doc, out_dir)
-        env = doc["environment"]
-        links.append(f'<li><a href="{html.escape(doc["name"])}.html">{html.escape(doc["name"])}</a>: '
+        env = doc.environment
+        links.append(f'<li><a href="{html.escape(doc.name)}.html">{html.escape(doc.name)}</a>: '
                      f'{html.escape(str(env.get("cpu")))}, GPU {html.escape(str(env.get("gpu")))}, '
                      f'commit {html.escape(str(env.get("commit"))[:10])}, {html.escape(str(env.get("date")))}</li>')
+    records = records_frame(runs)
     csv = out_dir / "all_records.csv"
     records.drop(columns=["times_s", "reasons", "counters_end"], errors="ignore").to_csv(csv, index=False)
-    merged = merged_frame(records)
+    merged = merged_frame([doc for _, doc in runs])
     index = out_dir / "index.html"
     index.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>mrcnn-bench dashboard</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}

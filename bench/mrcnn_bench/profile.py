@@ -14,6 +14,10 @@ from typing import Any
 
 import torch
 
+from mrcnn_bench.cases import CASES, Row
+from mrcnn_bench.context import Context
+from mrcnn_bench.pipelines import Pipeline
+
 _STAGE_MODULES = (
     "backbone.body", "backbone.fpn", "rpn.head", "rpn", "roi_heads.box_head", "roi_heads.box_predictor",
     "roi_heads.mask_head", "roi_heads.mask_predictor", "roi_heads",
@@ -78,11 +82,8 @@ def stage_times(runs: dict[str, tuple[torch.nn.Module, Callable[[], Any]]], reps
     }
 
 
-def profile_stages(ctx, reps: int = 3) -> dict[str, dict[str, float]]:
+def profile_stages(ctx: Context, reps: int = 3) -> dict[str, dict[str, float]]:
     """Stage timings of static/eager and torchvision/eager on the run's first call."""
-    from mrcnn_bench.cases import CASES
-    from mrcnn_bench.runner import Pipeline, Row
-
     runs = {}
     for impl in ("static", "torchvision"):
         pipeline = Pipeline(Row(CASES[f"{impl}/eager"]), ctx)

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
+from mrcnn_bench.records import Record, RunDocument
 
 TABLE_COLUMNS = [
     "row", "status", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
@@ -28,32 +29,33 @@ def as_number(x: Any) -> float:
     return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
 
 
-def compiles_text(rec: dict[str, Any]) -> str:
+def compiles_text(rec: Record) -> str:
     """'graphs=1 breaks=0 recompiles=0' (dynamo) or 'compiles=1 fallbacks=0' (XLA), plus what the rounds added."""
-    if rec["backend"] == "xla" and not math.isnan(as_number(rec["uncached_compile"])):
-        extra = as_number(rec.get("uncached_compile_rounds"))
-        return (f"compiles={rec['uncached_compile']:.0f} (+{0 if math.isnan(extra) else extra:.0f} in rounds), "
-                f"fallbacks={as_number(rec['fallback_ops']):.0f}")
-    if rec["compiler"] == "inductor" and not math.isnan(as_number(rec["unique_graphs"])):
-        extra = as_number(rec.get("unique_graphs_rounds"))
-        return (f"graphs={rec['unique_graphs']:.0f} breaks={rec['graph_breaks']:.0f} "
-                f"recompiles={as_number(rec['recompiles']):.0f} "
+    if rec.backend == "xla" and not math.isnan(as_number(rec.uncached_compile)):
+        extra = as_number(rec.uncached_compile_rounds)
+        return (f"compiles={rec.uncached_compile:.0f} (+{0 if math.isnan(extra) else extra:.0f} in rounds), "
+                f"fallbacks={as_number(rec.fallback_ops):.0f}")
+    if rec.compiler == "inductor" and not math.isnan(as_number(rec.unique_graphs)):
+        extra = as_number(rec.unique_graphs_rounds)
+        return (f"graphs={rec.unique_graphs:.0f} breaks={rec.graph_breaks:.0f} "
+                f"recompiles={as_number(rec.recompiles):.0f} "
                 f"(+{0 if math.isnan(extra) else extra:.0f} graphs in rounds)")
     return ""
 
 
-def _parity_ok(rec: dict[str, Any]) -> bool:
-    return (as_number(rec["parity_matched_ref"]) >= PARITY_MIN_MATCHED and as_number(rec["parity_matched_other"])
-            >= PARITY_MIN_MATCHED and as_number(rec["mask_iou_mean"]) >= PARITY_MIN_MASK_IOU)
+def _parity_ok(rec: Record) -> bool:
+    return (as_number(rec.parity_matched_ref) >= PARITY_MIN_MATCHED and as_number(rec.parity_matched_other)
+            >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
 
 
-def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
-    name = rec["case"]
+def target_verdict(rec: Record, medians: dict[str, float]) -> str:
+    """The issue's speed target for this row's case and whether it was met (parity included)."""
+    name = rec.case
     if name not in SPEED_TARGETS:
         return ""
     base, factor = SPEED_TARGETS[name]
-    base_med, med = medians.get(base, math.nan), as_number(rec["median_s"])
-    if rec["phase"] == "training":
+    base_med, med = medians.get(base, math.nan), as_number(rec.median_s)
+    if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(med) or math.isnan(base_med):
             return f"{label}: not measured"
@@ -65,38 +67,36 @@ def target_verdict(rec: dict[str, Any], medians: dict[str, float]) -> str:
     ratio = med / base_med
     text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x)"
     if base == REFERENCE and not _parity_ok(rec):
-        text += ", parity FAILED" if not math.isnan(as_number(rec["parity_matched_ref"])) else ", parity not checked"
+        text += ", parity FAILED" if not math.isnan(as_number(rec.parity_matched_ref)) else ", parity not checked"
     return text
 
 
-def table_frame(records: pd.DataFrame) -> pd.DataFrame:
+def table_frame(records: list[Record]) -> pd.DataFrame:
     """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
-    recs = records.to_dict("records")
-    medians = {r["case"]: as_number(r["median_s"]) for r in recs}
+    medians = {r.case: as_number(r.median_s) for r in records}
     rows = []
-    for r in recs:
-        ref = TRAIN_REFERENCE if r["phase"] == "training" else REFERENCE
+    for r in records:
+        ref = TRAIN_REFERENCE if r.phase == "training" else REFERENCE
         ref_med = medians.get(ref, math.nan)
-        status = r["status"] + (f": {r['detail']}" if r.get("detail") else "")
         parity = ""
-        if not math.isnan(as_number(r["parity_matched_ref"])):
-            parity = (f"{r['parity_matched_ref']:.1%} / {r['parity_matched_other']:.1%}, "
-                      f"mask IoU {as_number(r['mask_iou_mean']):.3f}")
+        if not math.isnan(as_number(r.parity_matched_ref)):
+            parity = (f"{r.parity_matched_ref:.1%} / {r.parity_matched_other:.1%}, "
+                      f"mask IoU {as_number(r.mask_iou_mean):.3f}")
         rows.append({
-            "row": r["row"],
-            "status": status,
-            "median_s": as_number(r["median_s"]),
-            "iqr_s": as_number(r["iqr_s"]),
-            "ratio_vs_tv": as_number(r["median_s"]) / ref_med if ref_med == ref_med else math.nan,
-            "images_per_s": as_number(r["images_per_s"]),
-            "first_result_s": as_number(r["first_result_s"]),
-            "compile_s": as_number(r["compile_s"]),
+            "row": r.row,
+            "status": r.status + (f": {r.detail}" if r.detail else ""),
+            "median_s": as_number(r.median_s),
+            "iqr_s": as_number(r.iqr_s),
+            "ratio_vs_tv": as_number(r.median_s) / ref_med if ref_med == ref_med else math.nan,
+            "images_per_s": as_number(r.images_per_s),
+            "first_result_s": as_number(r.first_result_s),
+            "compile_s": as_number(r.compile_s),
             "compiles": compiles_text(r),
-            "gflops_s": as_number(r["gflops_s"]),
-            "frac_peak": as_number(r["frac_peak"]),
-            "peak_mem_gb": as_number(r["peak_mem_gb"]),
-            "box_ap": as_number(r.get("box_ap")),
-            "mask_ap": as_number(r.get("mask_ap")),
+            "gflops_s": as_number(r.gflops_s),
+            "frac_peak": as_number(r.frac_peak),
+            "peak_mem_gb": as_number(r.peak_mem_gb),
+            "box_ap": as_number(r.box_ap),
+            "mask_ap": as_number(r.mask_ap),
             "parity": parity,
             "target": target_verdict(r, medians),
         })
@@ -111,48 +111,46 @@ def _fmt(x: Any, digits: int = 3) -> str:
     return str(x)
 
 
-def shown_frame(doc: dict[str, Any]) -> pd.DataFrame:
+def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
-    records = pd.DataFrame.from_records(doc["records"])
-    df = table_frame(records).astype(object)
+    df = table_frame(doc.records).astype(object)
     for col in ("median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s", "gflops_s",
                 "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
-    limit = doc["run"].get("limit_s")
-    for i, r in enumerate(doc["records"]):
-        if r["status"] == "timeout" and not r["times_s"]:
+    limit = doc.run.limit_s
+    for i, r in enumerate(doc.records):
+        if r.status == "timeout" and not r.times_s:
             df.loc[i, "median_s"] = f"> {limit:g} s"
     return df
 
 
-def notes(doc: dict[str, Any]) -> list[str]:
+def notes(doc: RunDocument) -> list[str]:
     """The lines under the table: peaks, FLOPs, load, workload, environment."""
-    run, env = doc["run"], doc["environment"]
+    run, env = doc.run, doc.environment
     out = []
-    if run.get("peaks"):
+    if run.peaks:
         out.append("Peaks (GFLOP/s, best of start and end of run): "
-                   + ", ".join(f"{k} {v:.0f}" for k, v in run["peaks"].items())
+                   + ", ".join(f"{k} {v:.0f}" for k, v in run.peaks.items())
                    + ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows.")
-    flops = {r["case"]: r["flops"] for r in doc["records"] if not math.isnan(as_number(r.get("flops")))}
+    flops = {r.case: r.flops for r in doc.records if not math.isnan(as_number(r.flops))}
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
-    evaluated = [r for r in doc["records"] if r.get("eval_images")]
+    evaluated = [r for r in doc.records if r.eval_images]
     if evaluated:
-        out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0]['eval_images']} images of the "
+        out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0].eval_images} images of the "
                    f"evaluation set, with this run's weights.")
-    machine = run.get("machine_per_round") or []
+    machine = run.machine_per_round
     if machine:
         load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]
         out.append(f"Median 1-min load average during the rounds: {load:.1f} on {env['affinity']} usable cores.")
-    w = run["workload"]
-    overrides = run["options"].get("overrides") or {}
-    preset = w["preset"] + "".join(f", {k}={v}" for k, v in overrides.items())
+    w, options = run.workload, run.options
+    preset = w.preset + "".join(f", {k}={v}" for k, v in (options.get("overrides") or {}).items())
     out.append(
-        f"Workload: preset {preset}, images {w['image_size'][0]}x{w['image_size'][1]}, "
-        f"{w['batch_size']} per inference call; weights {run['weights']}; rounds {run['options']['rounds']} "
-        f"(warm-up {run['options']['warmup']}); time limit of bounded rows {run['limit_s']:g} s; "
-        f"whole run {run['total_s']:.0f} s."
+        f"Workload: preset {preset}, images {w.image_size[0]}x{w.image_size[1]}, "
+        f"{w.batch_size} per inference call; weights {run.weights}; rounds {options['rounds']} "
+        f"(warm-up {options['warmup']}); time limit of bounded rows {run.limit_s:g} s; "
+        f"whole run {run.total_s:.0f} s."
     )
     out.append(
         f"Environment: torch {env['torch']}, torchvision {env['torchvision']}, torch_xla {env['torch_xla']}, "
@@ -162,9 +160,9 @@ def notes(doc: dict[str, Any]) -> list[str]:
     return out
 
 
-def stage_frame(doc: dict[str, Any]) -> pd.DataFrame | None:
+def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
     """``--profile``'s stage timings: seconds per implementation and the static model's share."""
-    stages = doc["run"].get("stages")
+    stages = doc.run.stages
     if not stages:
         return None
     df = pd.DataFrame({f"{impl}_s": times for impl, times in stages.items()})
@@ -174,7 +172,8 @@ def stage_frame(doc: dict[str, Any]) -> pd.DataFrame | None:
     return df.reset_index()
 
 
-def markdown(doc: dict[str, Any]) -> str:
+def markdown(doc: RunDocument) -> str:
+    """The table, the notes under it, the stage timings and dynamo's reasons, as markdown."""
     parts = [shown_frame(doc).to_markdown(index=False), "", *notes(doc)]
     stages = stage_frame(doc)
     if stages is not None:
@@ -185,20 +184,20 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(parts)
 
 
-def _reasons_md(doc: dict[str, Any], limit: int = 12) -> str:
+def _reasons_md(doc: RunDocument, limit: int = 12) -> str:
     """Dynamo's graph-break and recompile reasons per row, as it recorded them (``limit`` per kind)."""
     lines = []
-    for r in doc["records"]:
-        reasons = r.get("reasons") or {}
+    for r in doc.records:
+        reasons = r.reasons or {}
         for kind in ("graph_breaks", "recompiles"):
             texts = reasons.get(kind, [])
-            lines += [f"- {r['row']}: {kind.replace('_', ' ')[:-1]}: {' '.join(t.split())}" for t in texts[:limit]]
+            lines += [f"- {r.row}: {kind.replace('_', ' ')[:-1]}: {' '.join(t.split())}" for t in texts[:limit]]
             if len(texts) > limit:
-                lines.append(f"- {r['row']}: ... {len(texts) - limit} more {kind.replace('_', ' ')}")
+                lines.append(f"- {r.row}: ... {len(texts) - limit} more {kind.replace('_', ' ')}")
     return "\n".join(lines)
 
 
-def html_page(doc: dict[str, Any], plots: list[Path] | None = None) -> str:
+def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
     """A self-contained HTML report: styled table, notes, plots, graph-break/recompile reasons."""
     df = shown_frame(doc)
 
@@ -220,40 +219,41 @@ def html_page(doc: dict[str, Any], plots: list[Path] | None = None) -> str:
     stages = stage_frame(doc)
     if stages is not None:
         notes_html += "<h2>Where the time goes</h2>" + stages.to_html(index=False, float_format="%.3f")
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(doc['name'])}</title>
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(doc.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1600px}}
 table.results{{border-collapse:collapse;font-size:13px}} table.results td,table.results th{{border:1px solid #ccc;
 padding:3px 6px}} th{{background:#f0f0f0}} figure{{display:inline-block;margin:0 1em}} img{{max-width:700px}}</style>
-</head><body><h1>{html.escape(doc['name'])}: static Mask R-CNN against torchvision</h1>{table}{notes_html}
+</head><body><h1>{html.escape(doc.name)}: static Mask R-CNN against torchvision</h1>{table}{notes_html}
 {imgs}{reasons_html}</body></html>
 """
 
 
-def plots(doc: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
+def plots(doc: RunDocument, out_dir: Path, stem: str) -> list[Path]:
     """Latency per row (median with IQR, log scale) and training throughput, as PNGs."""
+    # Imported here: matplotlib is slow to import and only the written reports need it.
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in doc["records"] if r["status"] == "ok" and r.get("median_s")]
+    recs = [r for r in doc.records if r.status == "ok" and r.median_s]
     paths = []
     for phase, metric, xlabel in (("inference", "median_s", "seconds per call (median, IQR bars; log)"),
                                   ("training", "images_per_s", "training images/s (higher is better)")):
-        rows = [r for r in recs if r["phase"] == phase]
+        rows = [r for r in recs if r.phase == phase]
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-        names = [r["row"] for r in rows]
-        values = [r[metric] for r in rows]
-        colours = ["#4c72b0" if r["impl"] == "static" else "#dd8452" for r in rows]
-        errors = [(r.get("iqr_s") or 0) / 2 for r in rows] if metric == "median_s" else None
+        names = [r.row for r in rows]
+        values = [getattr(r, metric) for r in rows]
+        colours = ["#4c72b0" if r.impl == "static" else "#dd8452" for r in rows]
+        errors = [(r.iqr_s or 0) / 2 for r in rows] if metric == "median_s" else None
         ax.barh(names, values, xerr=errors, color=colours)
         if metric == "median_s":
             ax.set_xscale("log")
         ax.set_xlabel(xlabel)
         ax.invert_yaxis()
-        ax.set_title(f"{doc['name']} ({phase}; blue: static, orange: torchvision)")
+        ax.set_title(f"{doc.name} ({phase}; blue: static, orange: torchvision)")
         fig.tight_layout()
         path = out_dir / f"{stem}_{phase}.png"
         fig.savefig(path, dpi=110)
@@ -262,14 +262,14 @@ def plots(doc: dict[str, Any], out_dir: Path, stem: str) -> list[Path]:
     return paths
 
 
-def write(doc: dict[str, Any], out_dir: Path, with_plots: bool = True) -> list[Path]:
+def write(doc: RunDocument, out_dir: Path, with_plots: bool = True) -> list[Path]:
     """DIR/<name>.md, .csv (the table) and .html (with plots). The JSON is written by the store."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    name = doc["name"]
+    name = doc.name
     md = out_dir / f"{name}.md"
     md.write_text(f"# {name}\n\n{markdown(doc)}\n")
     csv = out_dir / f"{name}.csv"
-    table_frame(pd.DataFrame.from_records(doc["records"])).to_csv(csv, index=False)
+    table_frame(doc.records).to_csv(csv, index=False)
     pngs = plots(doc, out_dir, name) if with_plots else []
     page = out_dir / f"{name}.html"
     page.write_text(html_page(doc, pngs))

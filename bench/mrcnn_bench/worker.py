@@ -10,13 +10,17 @@ limit still tells how far it got.
 from __future__ import annotations
 
 import contextlib
+import importlib.machinery
+import importlib.util
 import json
 import os
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def import_mrcnn_from(code: str) -> None:
@@ -24,9 +28,6 @@ def import_mrcnn_from(code: str) -> None:
 
     PYTHONPATH alone is not enough: an editable install's import hook can come first.
     """
-    import importlib.machinery
-    import importlib.util
-
     spec = importlib.machinery.PathFinder.find_spec("mrcnn", [code])
     if spec is None or spec.loader is None:
         raise RuntimeError(f"{code}: no mrcnn package to import")
@@ -35,58 +36,64 @@ def import_mrcnn_from(code: str) -> None:
     spec.loader.exec_module(module)
 
 
-def main(run_dir: Path, row_dir: Path) -> int:
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # whatever else prints goes to the log, not into the protocol
-    code = json.loads((row_dir / "row.json").read_text())["variant"]["code"]
-    if code:
-        import_mrcnn_from(code)
-    import torch
+class _Status:
+    """``ROW_DIR/status.json``, rewritten twice a second by a heartbeat thread: phase, counters, reasons."""
 
-    from mrcnn_bench.cases import Case
-    from mrcnn_bench.runner import Pipeline, Row, Variant, load_context, timed_call
+    def __init__(self, row_dir: Path) -> None:
+        self.row_dir = row_dir
+        self.state: dict[str, Any] = {"phase": "setup", "counters": {}}
+        self.t_start = time.monotonic()
+        self.counters: Callable[[], dict] | None = None  # set once the pipeline is built
+        self.reasons: Callable[[], dict] = dict
 
-    spec = json.loads((row_dir / "row.json").read_text())
-    variant = spec["variant"]
-    row = Row(Case(**spec["case"]), Variant(variant["label"], variant["code"],
-                                            tuple(tuple(kv) for kv in variant["overrides"])))
-    state: dict = {"phase": "setup", "counters": {}}
-    t_start = time.monotonic()
-    pipeline: Pipeline | None = None
+    def write(self) -> None:
+        self.state["elapsed_s"] = time.monotonic() - self.t_start
+        tmp = self.row_dir / "status.json.tmp"
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.row_dir / "status.json")
 
-    def reasons() -> dict:
-        from mrcnn_bench.backends import dynamo_reasons
-
-        return dynamo_reasons() if row.case.compiler == "inductor" else {}
-
-    def write_status() -> None:
-        state["elapsed_s"] = time.monotonic() - t_start
-        tmp = row_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, row_dir / "status.json")
-
-    def heartbeat() -> None:
+    def beat(self) -> None:
         while True:
             with contextlib.suppress(Exception):  # counters are read while the main thread writes them
                 # Not during set-up: reading counters imports torch_xla, which would race (and
                 # deadlock) with the main thread's own import of it.
-                if pipeline is not None and state["phase"] != "setup":
-                    state["counters"] = pipeline.counters()
-                    state["reasons"] = reasons()
-                write_status()
+                if self.counters is not None and self.state["phase"] != "setup":
+                    self.state["counters"] = self.counters()
+                    self.state["reasons"] = self.reasons()
+                self.write()
             time.sleep(0.5)
 
-    threading.Thread(target=heartbeat, daemon=True).start()
+
+def main(run_dir: Path, row_dir: Path) -> int:
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever else prints goes to the log, not into the protocol
+    spec = json.loads((row_dir / "row.json").read_text())
+    status = _Status(row_dir)
+    # From here on, set-up counts against the row's time limit and the status file says so.
+    threading.Thread(target=status.beat, daemon=True).start()
     try:
+        if spec["variant"]["code"]:
+            import_mrcnn_from(spec["variant"]["code"])
+        # Imported only now: these import mrcnn, which must be the variant's checkout set above.
+        import torch
+
+        from mrcnn_bench.backends import dynamo_reasons
+        from mrcnn_bench.cases import Row
+        from mrcnn_bench.context import load_context
+        from mrcnn_bench.execution import timed_call
+        from mrcnn_bench.pipelines import Pipeline
+
+        row = Row.from_dict(spec)
         ctx = load_context(run_dir)
         torch.set_num_threads(ctx.threads)
-        built = Pipeline(row, ctx)
-        built.setup()
+        pipeline = Pipeline(row, ctx)
+        pipeline.setup()
     except Exception:
         print(json.dumps({"event": "error", "error": traceback.format_exc(limit=8)}), file=proto)
         return 1
-    pipeline = built
-    state["phase"] = "first call"
+    if row.case.compiler == "inductor":
+        status.reasons = dynamo_reasons
+    status.counters, status.state["phase"] = pipeline.counters, "first call"
     print(json.dumps({"event": "ready"}), file=proto)
     calls = 0
     for line in sys.stdin:
@@ -97,10 +104,10 @@ def main(run_dir: Path, row_dir: Path) -> int:
             seconds, result, peak, extra = timed_call(pipeline, msg["index"])
             torch.save(result, msg["out"])
             calls += 1
-            state["phase"] = f"call {calls + 1}"
-            state["counters"] = pipeline.counters()
+            status.state["phase"] = f"call {calls + 1}"
+            status.state["counters"] = pipeline.counters()
             reply = {"ok": True, "seconds": seconds, "peak_gb": peak, "delta_gb": extra,
-                     "counters": state["counters"], "reasons": reasons()}
+                     "counters": status.state["counters"], "reasons": status.reasons()}
         except Exception:
             reply = {"ok": False, "error": traceback.format_exc(limit=8)}
         print(json.dumps(reply), file=proto)

@@ -161,25 +161,29 @@ def _axis_samples(
     return low, high, w_low, w_high
 
 
-# "auto", "embedding_bag" or "taps"; a module switch so tests can run both paths on the CPU.
-_WEIGHTED_ROWS_METHOD = "auto"
-
-
 def _weighted_rows(table: Tensor, index: Tensor, weight: Tensor) -> Tensor:
     """out[m] = sum_k weight[m, k] * table[index[m, k]]: table [T, C], index/weight [M, K] -> [M, C].
 
-    Materialising all taps as one [M, K, C] gather costs 800 MB for 1000 RoIs at 7x7 with 256
-    channels, and is slow on every backend. On CPU/CUDA, ``embedding_bag`` with per-sample weights
-    computes the weighted sum without it, multi-threaded (torchvision's CPU roi_align kernel is
-    not): 2 to 4x faster than that kernel on a 2-core CPU. XLA has no embedding_bag lowering (it
-    would fall back to the CPU), but fuses each [M, C] gather into the running sum, so there K
-    separate gathers are about 10x faster than one big one.
+    Materialising all taps as one [M, K, C] gather takes a lot of memory (hundreds of MB for a
+    thousand RoIs at 7x7 with 256 channels) and is slow on every backend, so each device gets the
+    form it runs best: :func:`_weighted_rows_bag` on CPU/CUDA, :func:`_weighted_rows_taps` elsewhere.
     """
-    method = _WEIGHTED_ROWS_METHOD
-    if method == "auto":
-        method = "embedding_bag" if table.device.type in ("cpu", "cuda") else "taps"
-    if method == "embedding_bag":
-        return torch.nn.functional.embedding_bag(index, table, mode="sum", per_sample_weights=weight)
+    if table.device.type in ("cpu", "cuda"):
+        return _weighted_rows_bag(table, index, weight)
+    return _weighted_rows_taps(table, index, weight)
+
+
+def _weighted_rows_bag(table: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+    """:func:`_weighted_rows` as one ``embedding_bag`` with per-sample weights.
+
+    It never materialises the taps and is multi-threaded on the CPU, where torchvision's roi_align
+    kernel is not. XLA has no lowering for it (it would fall back to the CPU).
+    """
+    return torch.nn.functional.embedding_bag(index, table, mode="sum", per_sample_weights=weight)
+
+
+def _weighted_rows_taps(table: Tensor, index: Tensor, weight: Tensor) -> Tensor:
+    """:func:`_weighted_rows` as K separate [M, C] gathers: XLA fuses each into the running sum."""
     out = table.index_select(0, index[:, 0]) * weight[:, :1]
     for k in range(1, index.shape[1]):
         out = out + table.index_select(0, index[:, k]) * weight[:, k : k + 1]

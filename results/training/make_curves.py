@@ -58,6 +58,7 @@ def main() -> None:
                 )
     if args.png is None:
         return
+    # Only for --png: the CSV and --target need no plotting stack (matplotlib is the harness's extra).
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,0 +1,218 @@
+"""The accuracy gate's baseline file: where it is, how it is read and checked, how it is written.
+
+A baseline (``results/accuracy/<recipe>.json`` in the repository) stores, for each gated metric,
+the mean over training seeds and a tolerance (``max(k * sample std over seeds, floor)``), plus the
+per-seed values, the recipe's settings, the commands and the environment it was measured in. A
+metric fails when it falls below ``mean - tolerance``. How the committed baseline was measured:
+``results/accuracy/README.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torchvision
+
+from mrcnn.recipes import get_recipe
+
+GATED_METRICS: tuple[str, ...] = ("bbox/AP", "segm/AP")
+DEFAULT_K_STD = 3.0
+# The floor guards against a lucky tight spread: a sample std from a few seeds can be half the true
+# one, and the CI run differs from the baseline's runs in thread count (float summation order) as
+# well. Why this value: results/accuracy/README.md.
+DEFAULT_FLOOR = 0.04
+DEFAULT_SEEDS: tuple[int, ...] = (0, 1, 2, 3, 4)  # training seeds a baseline is measured over
+RESULTS_ENV = "MRCNN_RESULTS_DIR"  # the repository's results folder, when not ./results
+# Recipe fields that do not change what a run trains to: editing them keeps the baseline valid.
+_SETTINGS_NOT_TRAINED = frozenset({"description", "target_box_ap"})
+
+
+class BaselineError(ValueError):
+    """The baseline file is missing or malformed; the message names the file and what is wrong."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricBaseline:
+    mean: float
+    tolerance: float
+
+    @property
+    def threshold(self) -> float:
+        return self.mean - self.tolerance
+
+
+def default_baseline_path(recipe: str) -> Path:
+    """``$MRCNN_RESULTS_DIR/accuracy/<recipe>.json`` if that is set, else ``./results/accuracy/<recipe>.json``.
+
+    Relative to the working directory (the repository's root), never to this package's files,
+    which an installed harness does not keep next to the repository.
+    """
+    return Path(os.environ.get(RESULTS_ENV) or "results") / "accuracy" / f"{recipe}.json"
+
+
+def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, MetricBaseline]:
+    """The gated metrics of a baseline file: ``{"bbox/AP": MetricBaseline(mean, tolerance), ...}``.
+
+    Raises:
+        BaselineError: the file is missing, not JSON, for another recipe or other recipe settings,
+            or lacks a finite mean and a non-negative tolerance for each of :data:`GATED_METRICS`.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise BaselineError(
+            f"baseline {path} not found (run from the repository root, or set --baseline or ${RESULTS_ENV}); "
+            f"write it with `mrcnn-bench accuracy-gate --recipe {recipe or 'NAME'} --write-baseline`"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"baseline {path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise BaselineError(f'baseline {path} must be a JSON object with a "metrics" object')
+    if recipe is not None and data.get("recipe") not in (None, recipe):
+        raise BaselineError(f"baseline {path} is for recipe {data.get('recipe')!r}, not {recipe!r}")
+    if recipe is not None and "recipe_settings" in data:
+        _check_recipe_settings(path, recipe, data["recipe_settings"])
+    return {name: _metric(path, data["metrics"].get(name), name) for name in GATED_METRICS}
+
+
+def _metric(path: Path, entry: Any, name: str) -> MetricBaseline:
+    if not isinstance(entry, dict):
+        raise BaselineError(f'baseline {path} has no "metrics"["{name}"] object with "mean" and "tolerance"')
+    mean, tol = entry.get("mean"), entry.get("tolerance")
+    if not _is_number(mean) or not 0.0 <= float(mean) <= 1.0:
+        raise BaselineError(f'baseline {path}: "metrics"["{name}"]["mean"] must be a number in [0, 1], got {mean!r}')
+    if not _is_number(tol) or float(tol) < 0:
+        raise BaselineError(f'baseline {path}: "metrics"["{name}"]["tolerance"] must be a number >= 0, got {tol!r}')
+    return MetricBaseline(float(mean), float(tol))
+
+
+def _check_recipe_settings(path: Path, recipe: str, stored: Any) -> None:
+    """Refuse a baseline measured with other recipe settings than the recipe has now.
+
+    A baseline is only meaningful for the schedule it was measured with: after a change to the
+    recipe (more steps, another learning rate) the old numbers would gate the new run against the
+    wrong curve, so the gate stops and asks for the baseline to be measured again.
+    """
+    current = json.loads(json.dumps(get_recipe(recipe).as_dict()))  # tuples become lists, as stored
+    if not isinstance(stored, dict):
+        raise BaselineError(f'baseline {path}: "recipe_settings" must be an object')
+    keys = (current.keys() | stored.keys()) - _SETTINGS_NOT_TRAINED
+    changed = sorted(k for k in keys if current.get(k) != stored.get(k))
+    if changed:
+        diffs = "; ".join(f"{k}: baseline {stored.get(k)!r}, recipe now {current.get(k)!r}" for k in changed)
+        raise BaselineError(
+            f"baseline {path} was measured with other settings of recipe {recipe!r} ({diffs}); measure it "
+            f"again with `mrcnn-bench accuracy-gate --recipe {recipe} --write-baseline` (seeds {list(DEFAULT_SEEDS)})"
+        )
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def metric_passed(value: float | None, base: MetricBaseline) -> bool:
+    return value is not None and math.isfinite(value) and value >= base.threshold
+
+
+def compare_to_baseline(metrics: dict[str, float], baseline: dict[str, MetricBaseline]) -> tuple[bool, list[str]]:
+    """(passed, one message per gated metric). A metric missing from ``metrics`` fails."""
+    passed, messages = True, []
+    for name, base in baseline.items():
+        value = metrics.get(name)
+        if metric_passed(value, base):
+            messages.append(
+                f"{name} = {value:.4f} ok (baseline {base.mean:.4f}, tolerance {base.tolerance:.4f}, "
+                f"threshold {base.threshold:.4f}, margin {value - base.threshold:.4f})"
+            )
+            continue
+        passed = False
+        if value is None or not math.isfinite(value):
+            messages.append(f"{name}: not measured (got {value!r}); baseline {base.mean:.4f}")
+        else:
+            messages.append(
+                f"{name} = {value:.4f} is below the baseline {base.mean:.4f} minus its tolerance "
+                f"{base.tolerance:.4f} (threshold {base.threshold:.4f}); short by {base.threshold - value:.4f}"
+            )
+    return passed, messages
+
+
+def tolerance_from_spread(values: Sequence[float], k: float = DEFAULT_K_STD, floor: float = DEFAULT_FLOOR) -> float:
+    """``max(k * sample standard deviation, floor)``; needs at least two values."""
+    if len(values) < 2:
+        raise ValueError(f"the tolerance needs the metric from at least 2 seeds, got {len(values)}")
+    return max(k * statistics.stdev(values), floor)
+
+
+def final_metrics(run_dir: str | Path) -> dict[str, float]:
+    """The last evaluation's COCO metrics in ``run_dir/metrics.jsonl``."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics.jsonl in {run_dir}")
+    evaluated = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if "bbox/AP" in r]
+    if not evaluated:
+        raise ValueError(f"{path} has no evaluation (no bbox/AP record)")
+    last = evaluated[-1]
+    return {k: v for k, v in last.items() if k.startswith(("bbox/", "segm/"))} | {"step": last["step"]}
+
+
+def baseline_from_runs(
+    recipe: str,
+    runs: dict[int, dict[str, float]],
+    *,
+    k: float = DEFAULT_K_STD,
+    floor: float = DEFAULT_FLOOR,
+    commands: Sequence[str] = (),
+    notes: str = "",
+) -> dict[str, Any]:
+    """The baseline document of ``runs`` (seed -> final metrics) of ``recipe``."""
+    seeds = sorted(runs)
+    metrics = {}
+    for name in GATED_METRICS:
+        values = [float(runs[s][name]) for s in seeds]
+        metrics[name] = {
+            "mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values),
+            "max": max(values),
+            "tolerance": tolerance_from_spread(values, k, floor),
+            "per_seed": dict(zip((str(s) for s in seeds), values)),
+        }
+    return {
+        "recipe": recipe,
+        "recipe_settings": get_recipe(recipe).as_dict(),
+        "metrics": metrics,
+        "tolerance_rule": f"max({k:g} * sample std over {len(seeds)} seeds, {floor:g} absolute AP)",
+        "seeds": seeds,
+        "all_metrics_per_seed": {str(s): runs[s] for s in seeds},
+        "commands": list(commands),
+        "environment": environment(),
+        "notes": notes,
+    }
+
+
+def environment() -> dict[str, Any]:
+    """Versions, threads, machine and the commit of the working directory's repository."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = None
+    return {
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "machine": platform.machine(),
+        "commit": commit,
+    }

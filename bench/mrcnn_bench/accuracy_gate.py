@@ -1,0 +1,273 @@
+"""The accuracy gate: box and mask AP of a recipe against its stored baseline.
+
+:func:`check_accuracy` evaluates a checkpoint, or trains the recipe (:mod:`mrcnn.recipes`) with a
+fixed seed in one CPU process, on the recipe's evaluation split, and compares COCO ``bbox/AP`` and
+``segm/AP`` with the baseline (:mod:`mrcnn_bench.accuracy_baseline`). The harness's ``gate``
+command calls it; ``mrcnn-bench accuracy-gate`` is its command line.
+
+Exit status: 0 passed; 1 a metric is below its baseline (a line per gated metric naming its
+value, the baseline, the tolerance and the shortfall); 2 the gate could not decide (missing or
+malformed baseline, missing checkpoint, bad flags), with one line naming the problem.
+
+Command line::
+
+    mrcnn-bench accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline results/accuracy/ci.json]
+                              [--seed 0] [--inject-fault box_coder|mask_shift]
+    mrcnn-bench accuracy-gate --recipe ci --write-baseline --from-runs out/ci-s0 out/ci-s1 out/ci-s2
+    mrcnn-bench accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4    # trains the seeds first
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from mrcnn.data.coco import CocoDataset
+from mrcnn.engine import TrainResult, evaluate, load_checkpoint, train
+from mrcnn.model import MaskRCNN
+from mrcnn.recipes import get_recipe
+from mrcnn_bench.accuracy_baseline import (
+    DEFAULT_FLOOR,
+    DEFAULT_K_STD,
+    DEFAULT_SEEDS,
+    BaselineError,
+    baseline_from_runs,
+    compare_to_baseline,
+    default_baseline_path,
+    final_metrics,
+    load_baseline,
+    metric_passed,
+)
+from mrcnn_bench.faults import FAULTS, check_fault, inject_fault
+
+
+@dataclasses.dataclass(frozen=True)
+class AccuracyOptions:
+    """What :func:`check_accuracy` checks; ``baseline`` None: :func:`default_baseline_path` of the recipe."""
+
+    recipe: str = "ci"
+    checkpoint: str | Path | None = None  # evaluate this (a file, or a folder: its latest) instead of training
+    baseline: str | Path | None = None
+    fault: str | None = None  # train under this fault (mrcnn_bench.faults); not with a checkpoint
+    seed: int = 0  # training seed
+    out_dir: str | Path | None = None  # training output (default: a temporary folder)
+    data_base: str | Path = "data"  # the recipe's data set is generated under this folder
+    progress: bool = False
+
+
+@dataclasses.dataclass
+class AccuracyResult:
+    """What :func:`check_accuracy` measured and decided."""
+
+    recipe: str
+    metrics: dict[str, float]  # every COCO metric measured
+    baseline: dict[str, float]  # mean of each gated metric
+    tolerance: dict[str, float]
+    passed: bool
+    messages: list[str]  # one per gated metric, passing or not
+    failures: list[str]  # the messages of the failing metrics (empty when passed)
+    source: str  # "checkpoint PATH" or "trained seed N"
+    fault: str | None = None
+    wall_time: float = 0.0
+
+    def report(self) -> str:
+        head = f"accuracy gate, recipe {self.recipe!r} ({self.source}{', fault ' + self.fault if self.fault else ''}): "
+        return head + ("PASS" if self.passed else "FAIL") + "".join("\n  " + m for m in self.messages)
+
+
+def evaluate_checkpoint(checkpoint: str | Path, recipe_name: str, data_base: str | Path = "data") -> dict[str, float]:
+    """COCO metrics of a static-model checkpoint (a file, or a folder: its latest) on the recipe's eval split."""
+    recipe = get_recipe(recipe_name)
+    path = Path(checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    state = load_checkpoint(path)
+    if state.get("impl", "static") != "static":
+        raise ValueError(
+            f"checkpoint {path} is of the {state['impl']!r} implementation; the gate checks the static model"
+        )
+    cfg = recipe.config()
+    model = MaskRCNN(cfg)
+    try:
+        model.load_state_dict(state.get("model", state), strict=True)
+    except RuntimeError as e:
+        raise ValueError(f"checkpoint {path} does not fit recipe {recipe_name!r}'s model: {e}") from None
+    root = recipe.prepare_data(data_base)
+    val = CocoDataset.from_config(root, recipe.train.val_split, cfg)
+    return evaluate(model, val, cfg, recipe.train.batch_size, torch.device("cpu"))
+
+
+def train_recipe(
+    recipe_name: str,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    data_base: str | Path = "data",
+    impl: str = "static",
+    progress: bool = False,
+) -> TrainResult:
+    """Train ``recipe_name`` with ``seed`` in one CPU process."""
+    recipe = get_recipe(recipe_name)
+    root = recipe.prepare_data(data_base)
+    options = recipe.train_config(seed=seed, device="cpu", impl=impl)
+    return train(recipe.config(), root, out_dir, options, progress=progress)
+
+
+def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
+    """Evaluate ``opts.checkpoint``, or train ``opts.recipe`` with ``opts.seed`` (under ``opts.fault``); gate its APs.
+
+    Raises:
+        BaselineError: the baseline is missing or malformed (checked before any work).
+        FileNotFoundError: the checkpoint does not exist.
+        ValueError: an unknown recipe or fault, or a fault together with a checkpoint.
+    """
+    get_recipe(opts.recipe)
+    baseline = load_baseline(opts.baseline or default_baseline_path(opts.recipe), opts.recipe)
+    check_fault(opts.fault)
+    start = time.perf_counter()
+    if opts.checkpoint is not None:
+        if opts.fault is not None:
+            raise ValueError("a fault changes training; it cannot apply to an existing checkpoint")
+        metrics = evaluate_checkpoint(opts.checkpoint, opts.recipe, opts.data_base)
+        source = f"checkpoint {opts.checkpoint}"
+    else:
+        with contextlib.ExitStack() as stack:
+            out_dir = opts.out_dir
+            if out_dir is None:
+                out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"accuracy-{opts.recipe}-"))
+            with inject_fault(opts.fault):
+                result = train_recipe(
+                    opts.recipe, out_dir, seed=opts.seed, data_base=opts.data_base, progress=opts.progress
+                )
+        metrics = result.metrics
+        source = f"trained seed {opts.seed}"
+    passed, messages = compare_to_baseline(metrics, baseline)
+    failures = [m for m, name in zip(messages, baseline) if not metric_passed(metrics.get(name), baseline[name])]
+    return AccuracyResult(
+        recipe=opts.recipe,
+        metrics={k: float(v) for k, v in metrics.items()},
+        baseline={k: b.mean for k, b in baseline.items()},
+        tolerance={k: b.tolerance for k, b in baseline.items()},
+        passed=passed,
+        messages=messages,
+        failures=failures,
+        source=source,
+        fault=opts.fault,
+        wall_time=time.perf_counter() - start,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--recipe", default="ci", help="recipe to gate (default ci)")
+    parser.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training")
+    parser.add_argument(
+        "--baseline", default=None, type=Path, help="default $MRCNN_RESULTS_DIR or ./results, /accuracy/<recipe>.json"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--data", default=Path("data"), type=Path, help="folder the recipe's data set is made under")
+    parser.add_argument("--out", default=None, type=Path, help="training output folder (default: a temporary one)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument(
+        "--inject-fault", choices=sorted(FAULTS), default=None, help="test only: train with a deliberate bug"
+    )
+    parser.add_argument("--json", default=None, type=Path, help="also write the result as JSON here")
+    parser.add_argument("--progress", action="store_true", help="progress bar while training")
+    group = parser.add_argument_group("writing the baseline")
+    group.add_argument("--write-baseline", action="store_true", help="write --baseline from seed runs, then exit")
+    group.add_argument(
+        "--from-runs", nargs="*", type=Path, default=None, help="finished run folders, each named <anything>-s<seed>"
+    )
+    seeds = " ".join(map(str, DEFAULT_SEEDS))
+    group.add_argument(
+        "--seeds", nargs="*", type=int, default=None, help=f"train these seeds (without --from-runs; default {seeds})"
+    )
+    group.add_argument("--k-std", type=float, default=DEFAULT_K_STD, help=f"default {DEFAULT_K_STD:g}")
+    group.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help=f"default {DEFAULT_FLOOR:g} absolute AP")
+    group.add_argument("--notes", default="", help="free text stored in the baseline")
+    return parser
+
+
+def _run_seed(path: Path) -> int:
+    """The training seed of a run folder, from its name ``<anything>-s<seed>``."""
+    tail = path.name.rsplit("-s", 1)
+    if len(tail) == 2 and tail[1].isdigit():
+        return int(tail[1])
+    raise ValueError(f"run folder {path} must be named <anything>-s<seed> (e.g. out/ci-s0) for --from-runs")
+
+
+def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
+    runs: dict[int, dict[str, float]] = {}
+    commands = []
+    if args.from_runs:
+        for run_dir in args.from_runs:
+            seed = _run_seed(run_dir)
+            runs[seed] = final_metrics(run_dir)
+            commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {run_dir} --threads N")
+    else:
+        for seed in args.seeds or DEFAULT_SEEDS:
+            out = (args.out or Path("out")) / f"{args.recipe}-s{seed}"
+            train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=args.progress)
+            runs[seed] = final_metrics(out)
+            commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
+    commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
+    doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
+    baseline_path.parent.mkdir(parents=True, exist_ok=True)
+    baseline_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    for name, m in doc["metrics"].items():
+        print(
+            f"{name}: mean {m['mean']:.4f}, std {m['std']:.4f}, tolerance {m['tolerance']:.4f}, "
+            f"per seed {m['per_seed']}"
+        )
+    print(f"wrote {baseline_path}")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """The gate from parsed flags; the exit status of the module docstring."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        if args.write_baseline:
+            return _write_baseline(args, args.baseline or default_baseline_path(args.recipe))
+        opts = AccuracyOptions(
+            recipe=args.recipe,
+            checkpoint=args.checkpoint,
+            baseline=args.baseline,
+            fault=args.inject_fault,
+            seed=args.seed,
+            out_dir=args.out,
+            data_base=args.data,
+            progress=args.progress,
+        )
+        result = check_accuracy(opts)
+    except (BaselineError, FileNotFoundError, ValueError) as e:
+        print(f"accuracy gate: error: {e}", file=sys.stderr)
+        return 2
+    print(result.report())
+    print(f"  wall time {result.wall_time:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n", encoding="utf-8")
+    return 0 if result.passed else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mrcnn-bench accuracy-gate", description=__doc__.split("\n")[0])
+    return run(add_arguments(parser).parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

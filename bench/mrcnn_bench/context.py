@@ -1,0 +1,147 @@
+"""What every row of a run shares: images, weights, training samples (:class:`Context`).
+
+A worker subprocess rebuilds the context from the files :func:`save_context` writes, so both sides
+time the very same inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mrcnn.config import Config, get_config
+from mrcnn.data.coco import CocoDataset
+from mrcnn.data.synthetic import generate
+from mrcnn.model import MaskRCNN
+from mrcnn.weights import synthetic_weights, textured_images
+from mrcnn_bench.cases import TRAIN_BATCH, Variant, Workload
+
+Sample = tuple[Tensor, dict[str, Tensor]]  # CocoDataset-style (uint8 image [3, h, w], target dict)
+
+
+@dataclass
+class Context:
+    """What every row of a run shares. Workers rebuild it from the files :func:`save_context` writes."""
+
+    preset: str
+    overrides: dict[str, Any]
+    workload: Workload
+    weights: dict[str, Tensor]
+    images: list[Tensor]  # [3, h, w] float in [0, 1]
+    train_samples: list[Sample]
+    threads: int
+    seed: int
+    # Training rows start from a seeded random init, as training from scratch does (the calibrated
+    # inference weights give outputs too large for SGD: the loss diverges within three steps).
+    train_weights: dict[str, Tensor] = field(default_factory=dict)
+
+    def config(self, variant: Variant) -> Config:
+        """The run's config with the variant's own overrides on top."""
+        return get_config(self.preset, **{**self.overrides, **dict(variant.overrides)})
+
+    def call_images(self, index: int) -> list[Tensor]:
+        """The images of call ``index``: ``batch_size`` of them, cycling over the generated ones."""
+        n = len(self.images)
+        return [self.images[(index * self.workload.batch_size + k) % n] for k in range(self.workload.batch_size)]
+
+
+@dataclass(frozen=True)
+class ContextOptions:
+    """Where a run's inputs come from."""
+
+    workload: Workload
+    weights: str | None = None  # a state_dict file; None: synthetic_weights(seed)
+    seed: int = 0
+    threads: int = 1
+    need_training: bool = False  # also training samples and a seeded random init
+    coco_root: str | None = None  # COCO-layout root whose images are timed; None: generated images
+    coco_split: str = "val2017"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+def make_context(opts: ContextOptions) -> tuple[Context, str]:
+    """Images, weights and training samples for a run; returns (context, description of the weights)."""
+    workload, seed = opts.workload, opts.seed
+    cfg = get_config(workload.preset, **opts.overrides)
+    sizes = (workload.image_size,) * workload.images
+    if opts.coco_root:
+        images = coco_images(opts.coco_root, workload.images, opts.coco_split)
+    else:
+        images = textured_images(sizes, seed)
+    if opts.weights:
+        state, desc = load_weights_file(opts.weights), f"file {opts.weights}"
+    else:
+        state, desc = synthetic_weights(cfg, seed=seed), f"synthetic_weights(seed={seed})"
+    train: list[Sample] = []
+    train_weights: dict[str, Tensor] = {}
+    if opts.need_training:
+        train = training_samples(workload.image_size, TRAIN_BATCH, seed)
+        torch.manual_seed(seed)
+        train_weights = MaskRCNN(cfg).state_dict()
+    ctx = Context(workload.preset, dict(opts.overrides), workload, state, images, train, opts.threads, seed,
+                  train_weights)
+    return ctx, desc
+
+
+def training_samples(size: tuple[int, int], count: int, seed: int) -> list[Sample]:
+    """``count`` synthetic-data-set samples resized to ``size``: (image [3, h, w] uint8, target dict)."""
+    h, w = size
+    with tempfile.TemporaryDirectory(prefix="mrcnn_bench_data_") as tmp:
+        generate(tmp, count + 4, seed=seed, split="train", progress=False)
+        dataset = CocoDataset(tmp, "train")
+        # Skip images without objects: a throughput step should exercise every loss.
+        samples = [s for s in (dataset[i] for i in range(len(dataset))) if len(s[1]["labels"])][:count]
+    out = []
+    for image, target in samples:
+        sh, sw = image.shape[-2:]
+        image = F.interpolate(image[None].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
+        masks = F.interpolate(target["masks"][None].float(), size=(h, w), mode="nearest")[0].to(torch.uint8)
+        scale = torch.tensor([w / sw, h / sh, w / sw, h / sh])
+        out.append((image.round().clamp(0, 255).to(torch.uint8),
+                    {**target, "masks": masks, "boxes": target["boxes"] * scale}))
+    return out
+
+
+def load_weights_file(path: str) -> dict[str, Tensor]:
+    """A torchvision Mask R-CNN state_dict (or a training checkpoint holding one under "model")."""
+    if not Path(path).is_file():
+        raise ValueError(f"--weights {path}: no such file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--weights {path}: not a torch state_dict ({type(e).__name__}: {e})") from None
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]
+    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"--weights {path}: expected a dict of tensors (a state_dict)")
+    return state
+
+
+def coco_images(root: str, count: int, split: str = "val2017") -> list[Tensor]:
+    """The first ``count`` images of a COCO-layout split, as [3, h, w] floats in [0, 1]."""
+    dataset = CocoDataset(root, split)
+    return [dataset[i][0].float() / 255 for i in range(min(count, len(dataset)))]
+
+
+def save_context(ctx: Context, workdir: Path) -> None:
+    """``workdir/context.json`` (settings) and ``workdir/inputs.pt`` (tensors), for workers."""
+    meta = {"preset": ctx.preset, "overrides": ctx.overrides, "workload": ctx.workload.to_dict(),
+            "threads": ctx.threads, "seed": ctx.seed}
+    (workdir / "context.json").write_text(json.dumps(meta))
+    torch.save({"weights": ctx.weights, "images": ctx.images, "train_samples": ctx.train_samples,
+                "train_weights": ctx.train_weights}, workdir / "inputs.pt")
+
+
+def load_context(workdir: Path) -> Context:
+    """The context :func:`save_context` wrote to ``workdir``."""
+    meta = json.loads((workdir / "context.json").read_text())
+    inputs = torch.load(workdir / "inputs.pt", weights_only=True)
+    return Context(meta["preset"], meta["overrides"], Workload.from_dict(meta["workload"]), inputs["weights"],
+                   inputs["images"], inputs["train_samples"], meta["threads"], meta["seed"], inputs["train_weights"])

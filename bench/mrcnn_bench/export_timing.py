@@ -1,0 +1,214 @@
+"""``mrcnn-bench export-time``: packages from ``mrcnn export``, checked against eager and timed with it.
+
+    mrcnn export --preset tiny --out out/export/tiny --sample-image 240x320
+    mrcnn-bench export-time out/export/tiny/*.pt2 --image out/export/tiny/sample.ppm --rounds 30
+
+In one process: each package is loaded and called once (time to first result = load + first call,
+torch already imported), its outputs are compared with eager (:func:`mrcnn.export.check_outputs`),
+then eager and the packages are timed interleaved, one warm-up call each first. Rows: eager with
+the pure-tensor ops (what is exported), eager with ``--ops-impl`` (the model as the preset runs
+it), and each package. Exit 0 when every package matches eager, 1 when one does not, 2 on bad
+input (a missing or foreign package file, packages of different shapes, a bad flag).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mrcnn.export import DeployableMaskRCNN, DeployedModel, ExportMeta, load_exported, read_meta, tensor_ops_model
+from mrcnn.export.cli import usable_cores
+from mrcnn.export.compare import check_images, check_outputs, describe_check, mismatches
+from mrcnn.model import MaskRCNN
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights, synthetic_weights
+
+
+@dataclass(frozen=True)
+class ExportTimeOptions:
+    """What ``mrcnn-bench export-time`` loads and how long it times."""
+
+    packages: tuple[str, ...]  # .pt2 files of mrcnn export, at most one per format, all of one shape
+    weights: str | None = None  # torchvision state_dict they were exported from; None: synthetic from ``seed``
+    seed: int = 0  # of the synthetic weights and of the generated image
+    image: str | None = None  # PPM to run on; None: the image ``mrcnn export --check`` generates
+    rounds: int = 10  # interleaved timed rounds
+    ops_impl: str = "auto"  # ops of the second eager row (and of the synthetic weights' calibration)
+    threads: int | None = None  # torch threads; None: the usable cores
+    out: str | None = None  # write the report here as JSON
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("packages", nargs="+", metavar="PACKAGE", help=".pt2 packages written by mrcnn export")
+    parser.add_argument("--weights", default=None,
+                        help="torchvision state_dict the packages were exported from (default: synthetic from --seed)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights and generated image")
+    parser.add_argument("--image", default=None, metavar="PPM",
+                        help="image to run on (default: a generated one, as mrcnn export --check uses)")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default: 10)")
+    parser.add_argument("--ops-impl", default="auto", choices=("auto", "torchvision"),
+                        help="ops of the second eager row (default: auto, the presets' own)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="write the report as JSON")
+
+
+def options_from_args(args: argparse.Namespace) -> ExportTimeOptions:
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.image is not None and not Path(args.image).is_file():
+        raise ValueError(f"--image: no such file: {args.image}")
+    if args.weights is not None and not Path(args.weights).is_file():
+        raise ValueError(f"--weights: no such file: {args.weights}")
+    return ExportTimeOptions(packages=tuple(args.packages), weights=args.weights, seed=args.seed, image=args.image,
+                             rounds=args.rounds, ops_impl=args.ops_impl, threads=args.threads, out=args.out)
+
+
+def package_metas(packages: tuple[str, ...]) -> dict[str, tuple[str, ExportMeta]]:
+    """format -> (path, metadata), read without loading; ValueError unless all share one shape and config."""
+    def build(m: ExportMeta) -> tuple[Any, ...]:
+        return m.canvas, m.batch_size, m.config
+
+    found: dict[str, tuple[str, ExportMeta]] = {}
+    for path in packages:
+        meta = read_meta(path)  # ValueError for a missing file or one mrcnn export did not write
+        if meta.format in found:
+            raise ValueError(f"two {meta.format} packages: {found[meta.format][0]} and {path}; give one per format")
+        for other_path, other in found.values():
+            if build(meta) != build(other):
+                raise ValueError(f"{path} ({meta.describe()}) was not built like {other_path} ({other.describe()})")
+        found[meta.format] = (path, meta)
+    return found
+
+
+def eager_model(meta: ExportMeta, opts: ExportTimeOptions) -> nn.Module:
+    """The model the packages were exported from, with ``opts.ops_impl`` ops."""
+    cfg = meta.cfg.replace(ops_impl=opts.ops_impl)
+    weights: Any = opts.weights if opts.weights else synthetic_weights(cfg, seed=opts.seed)
+    return load_torchvision_weights(MaskRCNN(cfg).eval(), weights)
+
+
+def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, float]]:
+    """Round-robin timing (order rotated each round) -> per function, median and IQR of wall seconds.
+
+    Also the fastest call and the median process CPU seconds per call (all threads), which a busy
+    shared machine disturbs less than the median wall time. The quartiles are those of
+    ``statistics.quantiles`` (exclusive method); ``mrcnn-bench run``'s :func:`mrcnn_bench.store.median_iqr`
+    uses the inclusive method, whose IQR is narrower on few rounds, so IQRs of the two commands
+    are not comparable.
+    """
+    names = list(fns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for n in names[r % len(names) :] + names[: r % len(names)]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            fns[n]()
+            times[n].append(time.perf_counter() - t0)
+            cpu[n].append(time.process_time() - c0)
+    out = {}
+    for n, ts in times.items():
+        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0]] * 3
+        out[n] = {"median_s": statistics.median(ts), "iqr_s": q[2] - q[0], "min_s": min(ts),
+                  "cpu_s": statistics.median(cpu[n]), "rounds": len(ts)}
+    return out
+
+
+def load_timed(paths: dict[str, str], images: list[Tensor]) -> tuple[dict[str, DeployedModel], dict[str, Any]]:
+    """Load each package and call it once: the packages, and ``load_s`` / ``first_result_s`` per format."""
+    loaded: dict[str, DeployedModel] = {}
+    report: dict[str, Any] = {"first_result_s": {}, "load_s": {}}
+    for fmt, path in paths.items():
+        t0 = time.perf_counter()
+        loaded[fmt] = load_exported(path)
+        report["load_s"][fmt] = time.perf_counter() - t0
+        batch = loaded[fmt].image_batch(images[: loaded[fmt].meta.batch_size])
+        loaded[fmt](batch.tensors, batch.image_sizes)
+        report["first_result_s"][fmt] = time.perf_counter() - t0
+    return loaded, report
+
+
+def check_and_time(model: nn.Module, paths: dict[str, str], images: list[Tensor], rounds: int) -> dict[str, Any]:
+    """Time to first result of each package, its outputs against eager, then latency per row, interleaved."""
+    tensor_model = tensor_ops_model(model.eval())
+    loaded, report = load_timed(paths, images)
+    report.update(check_outputs(tensor_model, loaded, images))
+    meta = next(iter(loaded.values())).meta
+    batch = next(iter(loaded.values())).image_batch(images[: meta.batch_size])
+    args = (batch.tensors, batch.image_sizes)
+    wrapper = DeployableMaskRCNN(tensor_model)
+    with torch.no_grad():
+        rows: dict[str, Callable[[], Any]] = {"eager (ops_impl=tensor)": lambda: wrapper(*args)}
+        if model.cfg.ops_impl != "tensor":
+            model_batch = to_image_batch(images[: meta.batch_size], model.cfg.replace(canvases=(meta.canvas,)),
+                                         meta.batch_size)
+            rows[f"eager (ops_impl={model.cfg.ops_impl})"] = lambda: model(model_batch)
+        for fmt, deployed in loaded.items():
+            rows[fmt] = lambda deployed=deployed: deployed(*args)
+        for fn in rows.values():  # one warm-up each
+            fn()
+        report["latency"] = time_interleaved(rows, rounds)
+    return report
+
+
+def _log(msg: str) -> None:
+    print(f"[export-time] {msg}", flush=True)
+
+
+def _log_report(report: dict[str, Any]) -> None:
+    for line in describe_check(report):
+        _log(line)
+    for fmt, s in report["first_result_s"].items():
+        _log(f"time to first result ({fmt}: load + first call): {s:.2f} s (load {report['load_s'][fmt]:.2f} s)")
+    for name, t in report["latency"].items():
+        _log(f"latency {name}: median {t['median_s'] * 1e3:.0f} ms (IQR {t['iqr_s'] * 1e3:.0f} ms, min "
+             f"{t['min_s'] * 1e3:.0f} ms, {t['rounds']} rounds; CPU time {t['cpu_s'] * 1e3:.0f} ms)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """0: every package matches eager; 1: one does not; 2: bad input, named in one line on stderr."""
+    try:
+        opts = options_from_args(args)
+        metas = package_metas(opts.packages)
+        torch.set_num_threads(opts.threads or usable_cores())
+        meta = next(iter(metas.values()))[1]
+        images = check_images(meta.canvas, meta.batch_size, opts.seed, opts.image)
+        model = eager_model(meta, opts)
+    except (ValueError, OSError) as e:
+        print(f"mrcnn-bench export-time: error: {e}", file=sys.stderr)
+        return 2
+    report = check_and_time(model, {fmt: path for fmt, (path, _) in metas.items()}, images, opts.rounds)
+    report.update(packages={fmt: path for fmt, (path, _) in metas.items()}, meta=dataclasses.asdict(meta),
+                  threads=torch.get_num_threads(), torch=torch.__version__, options=dataclasses.asdict(opts))
+    report["mismatches"] = mismatches(report)
+    _log_report(report)
+    if opts.out:
+        Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(opts.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        _log(f"wrote {opts.out}")
+    for problem in report["mismatches"]:
+        print(f"mrcnn-bench export-time: outputs differ from eager: {problem} (were the packages exported "
+              "with these --weights and --seed?)", file=sys.stderr)
+    return 1 if report["mismatches"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mrcnn-bench export-time", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""Pipelines: one call of a case, built from a model by the builder registered for its compiler.
+
+An inference call turns ``batch_size`` images into torchvision-style ``list[dict]`` (resize, pad,
+forward, box rescale and mask pasting included). A training call is one SGD step (forward,
+backward, update) on ``TRAIN_BATCH`` images with their targets.
+
+The model (:data:`MODELS`, by implementation) is built, moved to the backend's device and, for a
+variant with a slowdown, hooked (:func:`mrcnn_bench.slowdown.inject_slowdown`); then the builder
+of the case's compiler (:data:`PIPELINES`, by name) turns it into the forward that is timed. A
+new way of compiling is one more builder::
+
+    @register_pipeline("my_compiler")
+    def build_mine(model: nn.Module, case: Case, slowdown: float) -> Compiled: ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mrcnn.config import Config
+from mrcnn.data.collate import collate
+from mrcnn.model import MaskRCNN
+from mrcnn.postprocess import postprocess
+from mrcnn.reference import torchvision_model
+from mrcnn.structures import Detections, ImageBatch, Targets
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights
+from mrcnn_bench import backends
+from mrcnn_bench.cases import Case, Row
+from mrcnn_bench.context import Context
+from mrcnn_bench.slowdown import inject_slowdown
+
+Outputs = list[dict[str, Tensor]]  # torchvision-style, one dict per image (boxes, labels, scores, masks)
+
+# The reference settings of torchvision's training recipe, at the lr of a batch of 2.
+SGD_LR, SGD_MOMENTUM, SGD_WEIGHT_DECAY = 0.002, 0.9, 1e-4
+
+
+@dataclass
+class Compiled:
+    """What a builder makes of a model: the forward to time, and the compiler's own counters."""
+
+    forward: Callable[..., Any]  # same arguments and result as the model's forward
+    counters: Callable[[], dict[str, float]] = dict  # process-wide, absolute; {} when it has none
+
+
+Builder = Callable[[nn.Module, Case, float], Compiled]  # (model on its device, case, slowdown) -> Compiled
+PIPELINES: dict[str, Builder] = {}
+
+
+def register_pipeline(name: str) -> Callable[[Builder], Builder]:
+    """Register a builder under the compiler name ``name`` (a case's ``compiler`` field)."""
+
+    def register(builder: Builder) -> Builder:
+        if name in PIPELINES:
+            raise ValueError(f"a pipeline named {name!r} is already registered")
+        PIPELINES[name] = builder
+        return builder
+
+    return register
+
+
+@register_pipeline("eager")
+def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
+    return Compiled(model)
+
+
+@register_pipeline("inductor")
+def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
+    """torch.compile. Static inference and every training forward in one graph (fullgraph);
+    torchvision's inference breaks graphs by design. Backward goes through AOTAutograd."""
+    fullgraph = case.impl == "static" or case.phase == "training"
+    return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
+
+
+def _build_deployed(model: nn.Module, fmt: str, slowdown: float) -> Compiled:
+    # Imported here: only these rows need the export stack, and a checkout compared against
+    # (worker rows import its mrcnn) may not have it.
+    from mrcnn_bench.deploy import DeployOnFirstCall
+
+    deploy = DeployOnFirstCall(model, fmt)
+    exported = getattr(deploy, "model", model)
+    if slowdown and exported is not model:
+        # It exports a copy with the pure-tensor ops, which does not carry the model's hooks.
+        inject_slowdown(exported, slowdown)
+    return Compiled(deploy, deploy.counters)
+
+
+@register_pipeline("export")
+def build_export(model: nn.Module, case: Case, slowdown: float) -> Compiled:
+    """torch.export at the first call of each canvas (time to first result includes it)."""
+    return _build_deployed(model, "exported", slowdown)
+
+
+@register_pipeline("aoti")
+def build_aoti(model: nn.Module, case: Case, slowdown: float) -> Compiled:
+    """torch.export + AOTInductor at the first call of each canvas."""
+    return _build_deployed(model, "aoti", slowdown)
+
+
+def build_static(cfg: Config, weights: dict[str, Tensor]) -> nn.Module:
+    return load_torchvision_weights(MaskRCNN(cfg), weights)
+
+
+def build_torchvision(cfg: Config, weights: dict[str, Tensor]) -> nn.Module:
+    model = torchvision_model(cfg)
+    model.load_state_dict(weights)
+    return model
+
+
+# Implementation -> (config, torchvision-named state_dict) -> model.
+MODELS: dict[str, Callable[[Config, dict[str, Tensor]], nn.Module]] = {
+    "static": build_static,
+    "torchvision": build_torchvision,
+}
+
+
+def compact(outputs: Outputs) -> Outputs:
+    """CPU copies with masks thresholded to bool: 1/4 of the memory, same parity statistics."""
+    out = []
+    for d in outputs:
+        c = {k: v.detach().cpu() for k, v in d.items() if k != "masks"}
+        if "masks" in d:
+            m = d["masks"].detach().cpu()
+            c["masks"] = m if m.dtype == torch.bool else m > 0.5
+        out.append(c)
+    return out
+
+
+class Pipeline:
+    """A built case: ``call(index)`` runs call ``index`` (inference: compact outputs; training: losses)."""
+
+    def __init__(self, row: Row, ctx: Context) -> None:
+        self.row, self.ctx = row, ctx
+        self.case = row.case
+        self.cfg = ctx.config(row.variant)
+        self.device = backends.device(self.case.backend)
+        self.model: nn.Module | None = None
+        self._compiled: Compiled | None = None
+        self._fn: Callable[[int], Any] | None = None
+        self._infer: Callable[[list[Tensor]], Outputs] | None = None
+
+    def setup(self) -> None:
+        """Build the model and its forward; nothing is run yet."""
+        case, ctx, slowdown = self.case, self.ctx, self.row.variant.slowdown
+        torch.manual_seed(ctx.seed)
+        training = case.phase == "training"
+        model = MODELS[case.impl](self.cfg, ctx.train_weights if training else ctx.weights)
+        self.model = model = model.train(training).to(self.device)
+        if slowdown:
+            inject_slowdown(model, slowdown)
+        self._compiled = PIPELINES[case.compiler](model, case, slowdown)
+        forward = self._compiled.forward
+        if training:
+            self._fn = self._training_step(forward)
+            return
+        wrap = self._torchvision_inference if case.impl == "torchvision" else self._static_inference
+        self._infer = wrap(forward)
+        self._fn = lambda index: self.infer(ctx.call_images(index))
+
+    def call(self, index: int) -> Any:
+        assert self._fn is not None, "setup() first"
+        return self._fn(index)
+
+    def infer(self, images: list[Tensor]) -> Outputs:
+        """Inference cases: any list of images -> compact torchvision-style outputs."""
+        assert self._infer is not None, "an inference case, after setup()"
+        return self._infer(images)
+
+    def counters(self) -> dict[str, float]:
+        """Compile counters of this row's backend or compiler (process-wide, absolute)."""
+        if self.case.backend == "xla":
+            return backends.xla_counters()
+        return self._compiled.counters() if self._compiled is not None else {}
+
+    # -- inference -------------------------------------------------------------------------------
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.case.precision == "bf16")
+
+    def _static_inference(self, forward: Callable[[ImageBatch], Detections]) -> Callable[[list[Tensor]], Outputs]:
+        """images -> host transform -> (device) forward -> sync -> CPU -> postprocess."""
+        cfg, dev = self.cfg, self.device
+
+        def run(images: list[Tensor]) -> Outputs:
+            with torch.no_grad():
+                # Transform on the host: on XLA, resizing each original size would compile anew.
+                batch = to_image_batch(images, cfg)
+                with self._autocast():
+                    det = forward(ImageBatch(*(t.to(dev) for t in batch)))
+                backends.sync(dev)
+                det = Detections(*(t.float().cpu() if t.is_floating_point() else t.cpu() for t in det))
+            return compact(postprocess(det, batch))
+
+        return run
+
+    def _torchvision_inference(self, forward: Callable[[list[Tensor]], Outputs]) -> Callable[[list[Tensor]], Outputs]:
+        """images -> device -> torchvision MaskRCNN (its own transform and postprocess) -> sync -> CPU."""
+        dev = self.device
+
+        def run(images: list[Tensor]) -> Outputs:
+            with torch.no_grad(), self._autocast():
+                outputs = forward([img.to(dev) for img in images])
+            backends.sync(dev)
+            return compact([{k: v.float() if v.is_floating_point() else v for k, v in o.items()} for o in outputs])
+
+        return run
+
+    # -- training --------------------------------------------------------------------------------
+
+    def _training_step(self, forward: Callable[..., dict[str, Tensor]]) -> Callable[[int], dict[str, float]]:
+        """One SGD step (torchvision reference settings, lr 0.002) on the run's training samples."""
+        dev, samples = self.device, self.ctx.train_samples
+        assert self.model is not None
+        # Built here rather than by the library's training code, whose layout differs between the
+        # commits that compare runs: one group over the trainable parameters, decay on all.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
+        if self.case.impl == "torchvision":
+            images = [img.float().div(255).to(dev) for img, _ in samples]
+            targets = [{k: t[k].to(dev) for k in ("boxes", "labels", "masks")} for _, t in samples]
+            inputs: tuple[Any, ...] = (images, targets)
+        else:
+            batch, targets_, _ = collate(samples, self.cfg)
+            inputs = (ImageBatch(*(t.to(dev) for t in batch)), Targets(*(t.to(dev) for t in targets_)))
+
+        def step(_index: int) -> dict[str, float]:
+            optimizer.zero_grad(set_to_none=True)
+            with self._autocast():
+                losses = forward(*inputs)
+            total = sum(losses.values())
+            total.backward()
+            optimizer.step()
+            backends.sync(dev)
+            return {"loss": float(total.detach())}
+
+        return step

@@ -1,0 +1,81 @@
+"""Probes of the machine and of the work: peak kernel rates, FLOPs per call, load and memory.
+
+None of them is timed with the rows: peaks are measured before and after the rounds, FLOPs on the
+eager CPU model after them, the machine state between rounds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from mrcnn_bench import backends
+from mrcnn_bench.cases import Row
+from mrcnn_bench.context import Context
+from mrcnn_bench.pipelines import Pipeline
+
+
+def _best_rate(fn: Callable[[], Any], flops: float, reps: int) -> float:
+    """GFLOP/s of the fastest of ``reps`` calls of ``fn`` (after one untimed call)."""
+    fn()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return flops / best / 1e9
+
+
+def measure_peaks(reps: int = 5) -> dict[str, float]:
+    """GFLOP/s of a 2048^3 matmul and a channels-last 3x3 conv [1,256,100,136] 256->256, fp32 and bf16.
+
+    These are the dense kernels that dominate Mask R-CNN; their best-of-``reps`` rates stand in for
+    the machine's peak (2 FLOP per multiply-add, as FlopCounterMode counts).
+    """
+    out = {}
+    with torch.no_grad():
+        for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            n = 2048
+            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+            out[f"matmul_{tag}"] = _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, reps)
+            x = torch.randn(1, 256, 100, 136, dtype=dtype).to(memory_format=torch.channels_last)
+            w = torch.randn(256, 256, 3, 3, dtype=dtype).to(memory_format=torch.channels_last)
+            flops = 2.0 * 256 * 256 * 9 * 100 * 136
+            out[f"conv3x3_{tag}"] = _best_rate(lambda x=x, w=w: F.conv2d(x, w, padding=1), flops, reps)
+    return out
+
+
+def count_flops(fn: Callable[[], Any]) -> float:
+    """FLOPs (2 per multiply-add) that ``FlopCounterMode`` sees in one call of ``fn``."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return float(counter.get_total_flops())
+
+
+def case_flops(row: Row, ctx: Context) -> float:
+    """FLOPs of one call of ``row`` (eager, CPU, same inputs): the work its GFLOP/s divides."""
+    case = dataclasses.replace(row.case, backend="cpu", compiler="eager", precision="fp32", bounded=False)
+    pipeline = Pipeline(Row(case, row.variant), ctx)
+    pipeline.setup()
+    return count_flops(lambda: pipeline.call(0))
+
+
+def machine_state(pids: list[int] | None = None) -> dict[str, float]:
+    """Load average, available memory and resident sizes (GB): what else was using the machine."""
+    state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0]}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                state["mem_available_gb"] = int(line.split()[1]) / 2**20
+    state["rss_gb"] = sum(backends.proc_status_gb("VmRSS", pid) for pid in [os.getpid(), *(pids or [])])
+    return state
