@@ -230,11 +230,12 @@ def _records(times: list[float], **extra) -> list[Record]:
 def test_compare_flags_a_slowdown_and_exact_changes():
     a = [0.30 + 0.001 * (i % 5) for i in range(20)]
     b = [t * 1.15 for t in a]
-    table = ab.compare_records(_records(a), _records(b, unique_graphs=2), paired=False)
+    table = ab.compare_records(_records(a), _records(b, unique_graphs=2))
     line = table.iloc[0]
     assert bool(line["regression"]) and line["ratio_b_over_a"] == pytest.approx(1.15, rel=0.01)
     assert "REGRESSION" in line["verdict"] and "unique_graphs 1 -> 2" in line["exact_changes"]
-    same = ab.compare_records(_records(a), _records(list(reversed(a))), paired=False).iloc[0]
+    assert line["n"] == 20 and "95% CI" in line["verdict"]
+    same = ab.compare_records(_records(a), _records(list(reversed(a)))).iloc[0]
     assert not same["regression"] and same["exact_changes"] == ""
 
 
@@ -359,19 +360,24 @@ def test_gate_fails_on_an_injected_recompile(tmp_path):
 def test_compare_runs_two_checkouts_interleaved(tmp_path, capsys):
     """Live compare: A and B in worker processes importing their own checkout ('.' twice here).
 
-    No assertion on the verdict (that is timing); results/latency_gate holds its measured error rates.
+    B runs with the slowdown hook (recorded in its variant's overrides; that the hook adds the
+    work is shown by FLOP count in the slowdown test). Nothing here asserts on timing: the ratio,
+    the verdict's direction and the exit code are the machine's, and a timed assertion in a unit
+    test is a flaky test; results/latency_gate holds the gate's measured error rates.
     """
     out = tmp_path / "cmp.json"
     code = cli.main(["compare", str(REPO), str(REPO), "--cases", "static/eager", "--rounds", "7", "--images", "1",
                      "--inject-slowdown", "0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
                      "--out", str(out)])
-    assert code in (0, 1)
+    assert code in (0, 1)  # the exit code is the verdict's: timing, not asserted
     data = json.loads(out.read_text())
     (line,) = data["comparison"]
-    assert line["case"] == "static/eager" and 0 <= line["p_value"] <= 1 and line["ratio_b_over_a"] > 0
+    assert line["case"] == "static/eager" and line["n"] == 7 and 0 <= line["p_value"] <= 1
+    assert line["ratio_b_over_a"] > 0 and line["verdict"].startswith("B is ") and "n=7" in line["verdict"]
     recs = {r["row"]: r for r in data["run"]["records"]}
     assert set(recs) == {"A:static/eager", "B:static/eager"}
     assert recs["B:static/eager"]["variant_overrides"] == {"inject_slowdown": 0.2}
+    assert not recs["A:static/eager"]["variant_overrides"]
     assert all(len(r["times_s"]) == 7 and r["variant_code"] == str(REPO) for r in recs.values())
     assert "static/eager" in capsys.readouterr().out
 

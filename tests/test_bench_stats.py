@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mrcnn.model import MaskRCNN
+from mrcnn_bench import stats
 from mrcnn_bench.cases import CASES, Row, Variant
 from mrcnn_bench.slowdown import inject_slowdown
 from mrcnn_bench.stats import compare_latency, min_p_value
@@ -92,6 +93,22 @@ def test_bad_parameters_are_rejected():
         compare_latency(a, b, alpha=0.0)
     with pytest.raises(ValueError, match="threshold"):
         compare_latency(a, b, threshold=-0.1)
+
+
+def test_the_rule_tests_slower_by_more_than_the_threshold():
+    """7% slower, noisy: clearly not "no change" (the old rule flagged it, ratio 1.065 > 1.05), but not
+    shown to be more than 5% slower: the one-sided Wilcoxon of log(ratio) - log(1.05) is not significant."""
+    a, b = _interleaved(25, slowdown=0.07, seed=0)
+    v = compare_latency(a, b, threshold=0.05, alpha=0.01)
+    assert v.p_wilcoxon < 1e-5 and 1.05 < v.paired_ratio < 1.08
+    assert not v.regression
+
+
+def test_holm_matches_a_hand_computed_example():
+    """m = 4. Sorted: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04 -> 0.06 (monotone)."""
+    assert stats.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert stats.holm([0.5, 0.9]) == [1.0, 1.0]  # capped at 1
+    assert stats.holm([]) == []
 
 
 def test_min_p_value():

@@ -6,12 +6,24 @@
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
     mrcnn-bench report FILE_OR_DIR... [--out DIR]                        tables, plots, dashboard
-    mrcnn-bench check-benchmarks out/ci/benchmarks.json                  CI: did the quick cases run?
+    mrcnn-bench check-benchmarks out/ci/benchmarks.json [--expect CASES] CI: did the quick cases run?
 
 This is the only module that reads a command line: it turns arguments into each command's typed
 options (:class:`~mrcnn_bench.runner.RunOptions`, :class:`~mrcnn_bench.ab.CompareOptions`,
 :class:`~mrcnn_bench.gate.GateOptions`) and calls the command; commands call each other through
 those options, never through argv.
+
+Exit codes, the same for every command:
+
+    0  passed: the command did what was asked, and any check it makes passed
+    1  a regression was found or a gate failed (compare flagged a slowdown, a gate check failed,
+       check-benchmarks found an expected case that did not run, run had a row that errored)
+    2  could not decide: a usage or input error (an unknown case, a missing file, a bad value),
+       inputs that cannot be compared, or a case that could not run; one line on stderr names
+       the problem, before any measuring where it can be known then
+    3  internal error: an unexpected exception, a bug in mrcnn-bench; one line with the exception's
+       type and message, and where to report it (the traceback is written to a log file, named there,
+       and printed too with MRCNN_BENCH_DEBUG=1)
 """
 
 from __future__ import annotations
@@ -19,13 +31,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 from mrcnn.config import get_config
 from mrcnn.overrides import parse_override
-from mrcnn_bench import ab, dashboard, gate, records, report, runner, store
-from mrcnn_bench.cases import CASES, QUICK, Row, default_time_limit, default_workload, parse_cases
+from mrcnn_bench import ab, dashboard, gate, records, report, runner, stats, store
+from mrcnn_bench.cases import Row, default_time_limit, default_workload, parse_cases
 from mrcnn_bench.compile_probe import INJECTIONS
 
 # Subcommands whose modules load only when used: they pull in the training and export stacks
@@ -90,6 +105,10 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> runn
         raise ValueError("--threads must be >= 1")
     if args.time_limit is not None and args.time_limit <= 0:
         raise ValueError("--time-limit must be > 0")
+    for flag, path, kind in (("--weights", args.weights, "file"), ("--coco-root", args.coco_root, "folder"),
+                             ("--eval-root", args.eval_root, "folder")):
+        if path is not None and not (Path(path).is_file() if kind == "file" else Path(path).is_dir()):
+            raise ValueError(f"{flag} {path}: no such {kind}")
     overrides = dict(args.overrides)
     get_config(args.preset, **overrides)  # unknown preset or field -> ValueError
     return runner.RunOptions(
@@ -127,8 +146,11 @@ def compare_options(args: argparse.Namespace) -> ab.CompareOptions:
             raise ValueError(f"{flag} must be in [0, 1), got {fraction}")
     opts = ab.CompareOptions(args.a, args.b, overrides_a=tuple(args.set_a), overrides_b=tuple(args.set_b),
                              slowdown_a=args.inject_slowdown_a, slowdown_b=args.inject_slowdown,
-                             threshold=args.threshold, out=args.out)
+                             threshold=args.threshold, alpha=args.alpha, out=args.out)
     if not ab.are_run_files(args.a, args.b):
+        for spec in (args.a, args.b):
+            if not gate.is_code(spec):
+                raise ValueError(f"{spec!r} is neither a run file, a checkout directory nor a git ref of {store.REPO}")
         opts.cases = parse_cases(args.cases or ab.DEFAULT_COMPARE_CASES)
         if args.rounds is None:
             args.rounds = ab.DEFAULT_COMPARE_ROUNDS
@@ -142,7 +164,7 @@ def gate_options(args: argparse.Namespace) -> gate.GateOptions:
         skip_compile=args.skip_compile, accuracy=args.accuracy, checkpoint=args.checkpoint,
         accuracy_out=args.accuracy_out, latency_against=args.latency_against, latency_rounds=args.latency_rounds,
         inject=args.inject, out=args.out)
-    if not args.skip_compile:  # parsed only when used, as the check itself would
+    if not args.skip_compile and args.cases:  # parsed only when used, as the check itself would
         opts.cases = parse_cases(args.cases)
     if args.latency_against:
         opts.latency_cases = parse_cases(args.latency_cases)
@@ -182,17 +204,17 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_check_benchmarks(args: argparse.Namespace) -> int:
-    """Fail unless the pytest-benchmark JSON holds every quick case that can run here."""
+    """Fail unless the pytest-benchmark JSON holds every expected case (``--expect``; default: all quick ones)."""
+    expected = {c.name for c in parse_cases(args.expect)}  # unknown case -> ValueError
     try:
         data = json.loads(Path(args.json).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{args.json}: no pytest-benchmark JSON ({e})") from None
-    ran = {b.get("extra_info", {}).get("case") for b in data.get("benchmarks", [])}
-    expected = {n for n in QUICK if CASES[n].skip_reason() is None}
+        ran = {b.get("extra_info", {}).get("case") for b in data["benchmarks"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{args.json}: no pytest-benchmark JSON ({type(e).__name__}: {e})") from None
     missing = sorted(expected - ran)
-    print(f"benchmarks that ran: {len(ran)} of the {len(expected)} quick cases available here")
+    print(f"benchmarks that ran: {len(expected & ran)} of the {len(expected)} expected cases")
     if missing:
-        print(f"error: these quick cases did not run: {missing}", file=sys.stderr)
+        print(f"error: these expected cases did not run: {missing}", file=sys.stderr)
         return 1
     return 0
 
@@ -211,10 +233,11 @@ def run_lazy(command: str, argv: list[str]) -> int:
 
 def add_gate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="tiny", help="preset of the compile-count cases (default: tiny)")
-    p.add_argument("--cases", default=",".join(gate.GATE_CASES),
-                   help=f"compile-count cases (default: {gate.GATE_CASES})")
+    p.add_argument("--cases", default=None,
+                   help=f"compile-count cases (default: the baseline's; {gate.GATE_CASES} with --write-baseline)")
     p.add_argument("--baseline", default=None, help="compile baseline (default: results/baselines/gate_<preset>.json)")
-    p.add_argument("--write-baseline", action="store_true", help="record the measured counts as the baseline")
+    p.add_argument("--write-baseline", action="store_true",
+                   help="record the measured counts as the baseline (from a tree clean outside results/)")
     p.add_argument("--skip-compile", action="store_true", help="skip the compile-count check")
     p.add_argument("--accuracy", default="ci", metavar="RECIPE",
                    help="accuracy-gate recipe (default: ci); 'none' to skip")
@@ -243,7 +266,10 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 0.1; tests the latency gate)")
     p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
                    help="the same for A")
-    p.add_argument("--threshold", type=float, default=None, help="relative slowdown that counts (default: stats)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help=f"relative slowdown that counts (default: {stats.DEFAULT_THRESHOLD:g})")
+    p.add_argument("--alpha", type=float, default=ab.DEFAULT_ALPHA,
+                   help="family-wise error rate over the cases (Holm); default %(default)s")
     p.set_defaults(rounds=None)
     p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
 
@@ -271,8 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
         # Their arguments are the module's own, parsed by run_lazy once it is imported.
         sub.add_parser(command, help=help_text, add_help=False)
 
-    p = sub.add_parser("check-benchmarks", help="fail unless `pytest bench --benchmark-only` ran every quick case")
+    p = sub.add_parser("check-benchmarks", help="fail unless `pytest bench --benchmark-only` ran every expected case")
     p.add_argument("json", help="the file written by --benchmark-json")
+    p.add_argument("--expect", default="quick", metavar="CASES",
+                   help="comma list of the cases that must have run (default: quick, all of them; "
+                        "never only those this machine can run)")
     p.set_defaults(func=cmd_check_benchmarks)
 
     p = sub.add_parser("report", help="tables and plots of run files, and the HTML dashboard over them")
@@ -282,18 +311,43 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+REPORT_BUG = "this is a bug in mrcnn-bench: report it to the mrcnn maintainers with the full command and this message"
+DEBUG_ENV = "MRCNN_BENCH_DEBUG"  # =1: also print an internal error's traceback
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if rest and args.command not in LAZY_COMMANDS:
-        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    """Parse ``argv``, run the command; the exit code of the module docstring's table."""
+    command = "?"
     try:
-        if args.command in LAZY_COMMANDS:
-            return run_lazy(args.command, rest)
+        parser = build_parser()
+        args, rest = parser.parse_known_args(argv)
+        command = args.command
+        if rest and command not in LAZY_COMMANDS:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if command in LAZY_COMMANDS:
+            return run_lazy(command, rest)
         return int(args.func(args) or 0)
-    except ValueError as e:
-        print(f"mrcnn-bench {args.command}: error: {e}", file=sys.stderr)
+    except SystemExit as e:  # argparse: usage errors (2, its message printed) and --help (0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except (ValueError, OSError) as e:
+        print(f"mrcnn-bench {command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # anything else is a bug: one line, and where the traceback went
+        return internal_error(command, e)
+
+
+def internal_error(command: str, e: Exception) -> int:
+    """Report an unexpected exception in two lines (the traceback goes to a log file); exit code 3."""
+    text = traceback.format_exc()
+    fd, log = tempfile.mkstemp(prefix="mrcnn-bench-error-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    if os.environ.get(DEBUG_ENV) == "1":
+        print(text, file=sys.stderr, end="")
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    print(f"mrcnn-bench {command}: internal error: {type(e).__name__}: {first} (traceback in {log})", file=sys.stderr)
+    print(f"mrcnn-bench: {REPORT_BUG}", file=sys.stderr)
+    return 3
 
 
 if __name__ == "__main__":

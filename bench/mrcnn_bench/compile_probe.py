@@ -2,8 +2,9 @@
 
 :func:`measure_case` calls the case once per size of :data:`GATE_SIZES` and reads its compile
 counters after each call. ``mrcnn-bench gate`` runs it in a fresh subprocess per case, so counters
-start at zero and torch_xla's debug output (``PT_XLA_DEBUG_LEVEL=2``) is the case's own; asv
-calls :func:`measure_case` in its own benchmark process. ``FAULT`` (``recompile``) is test-only.
+start at zero and torch_xla's debug output (``PT_XLA_DEBUG_LEVEL=2``) is the case's own, which
+:func:`xla_compile_causes` reads back; asv calls :func:`measure_case` in its own benchmark
+process. ``FAULT`` (``recompile``) is test-only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,6 +80,44 @@ def _inject_recompile() -> None:
         return (max(-(-h // d) * d for h, _ in sizes), max(-(-w // d) * d for _, w in sizes))
 
     mrcnn.transform.select_canvas = tight_canvas
+
+
+_ANALYSIS = re.compile(r"^Compilation Analysis: (.*)$")
+
+
+def xla_compile_causes(log: str) -> list[dict[str, Any]]:
+    """torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` compilation reports: cause, graph hash, Python frames, call."""
+    causes: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    section = ""
+    call = ""
+    for line in log.splitlines():
+        if line.startswith(CALL_LOG_PREFIX):
+            call = line.split(": ", 1)[1]
+            continue
+        m = _ANALYSIS.match(line)
+        if not m:
+            continue
+        text = m.group(1).rstrip()
+        if text.startswith("Compilation Cause"):
+            current = {"cause": [], "graph_hash": None, "frames": [], "during": call}
+            causes.append(current)
+            section = "cause"
+        elif current is None:
+            continue
+        elif text.startswith("Graph Info"):
+            section = "graph"
+        elif text.startswith("Python Frame Triggered Execution"):
+            section = "frames"
+        elif text.startswith(("----", "====")):
+            section = ""
+        elif section == "cause":
+            current["cause"].append(text.strip())
+        elif section == "graph" and "Graph Hash" in text:
+            current["graph_hash"] = text.split(":", 1)[1].strip()
+        elif section == "frames":
+            current["frames"].append(text.strip())
+    return causes
 
 
 def jsonable(x: Any) -> Any:

@@ -18,7 +18,10 @@ from mrcnn_bench.records import Record, RunDocument
 
 
 def merged_frame(runs: list[RunDocument]) -> pd.DataFrame:
-    """(preset, phase, case) x run: 'median s (ratio to its run's torchvision)' or the status."""
+    """(preset, phase, case) x run: 'median s (ratio to its run's torchvision)', or the status.
+
+    A row timed fewer than ``MIN_SAMPLES`` times shows its status and 'n=1: too few samples' instead.
+    """
     groups: dict[tuple[str, str], list[Record]] = {}  # (run name, preset) -> records, in order of appearance
     for doc in runs:
         for rec in doc.records:
@@ -28,7 +31,9 @@ def merged_frame(runs: list[RunDocument]) -> pd.DataFrame:
         table = report.table_frame(group).set_index("row")
         for rec in group:
             line = table.loc[rec.row]
-            if rec.status == "ok":
+            if report.too_few(rec):
+                text = f"{rec.status}, {report.too_few(rec)}"
+            elif rec.status == "ok":
                 ratio = line["ratio_vs_tv"]
                 text = f"{line['median_s']:.3g} s" + (f" ({ratio:.2f}x)" if ratio == ratio else "")
             else:

@@ -6,8 +6,9 @@ Checks, each against a baseline in ``results/``:
    tiny preset) runs over :data:`~mrcnn_bench.compile_probe.GATE_SIZES`, images of seven sizes in
    two canvas buckets, in a fresh subprocess (``python -m mrcnn_bench.compile_probe``). Dynamo's
    unique graphs, graph breaks and recompiles, XLA's UncachedCompile and fallback ops, and the
-   FLOPs of one eager call must not rise above the baseline
-   (``results/baselines/gate_<preset>.json``). When one rises, the message names the metric, the
+   FLOPs of one eager call must equal the baseline (``results/baselines/gate_<preset>.json``):
+   a rise fails, and so does a fall, so that the baseline ratchets down (re-baseline with
+   ``mrcnn-bench gate --write-baseline --accuracy none``). When one rises, the message names the metric, the
    change, and why: the guards that failed and the graph-break reasons that dynamo recorded (with
    their frames), and, for XLA, each compilation's cause and the Python frames that triggered it
    (torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` report), with the input shape of the call it happened in.
@@ -18,14 +19,19 @@ Checks, each against a baseline in ``results/``:
    absolute times on a shared machine are not a gate, and a pair of installs takes minutes.
 
 ``--write-baseline`` records the current compile counts as the new baseline (commit the file with
-the change that justifies it).
+the change that justifies it); only from a git tree that is clean outside ``results/``.
+
+The gate never passes on nothing. Every input (baselines, ``--checkpoint``, ``--latency-against``,
+the cases) is checked before anything is measured, and a gate that cannot decide exits 2: a case
+(requested, or in the baseline) that cannot run here or whose measurement crashed, a gated metric
+present on one side only, a case absent from the baseline. Exit codes: 0 passed, 1 a check failed
+(this wins over 2), 2 could not decide.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -33,15 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mrcnn.recipes import get_recipe
 from mrcnn_bench import ab
+from mrcnn_bench.accuracy_baseline import default_baseline_path, load_baseline
 from mrcnn_bench.cases import Case, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.compile_probe import CALL_LOG_PREFIX, GATE_SIZES, MEASURE_THREADS, jsonable
+from mrcnn_bench.compile_probe import GATE_SIZES, MEASURE_THREADS, jsonable, xla_compile_causes
 from mrcnn_bench.runner import RunOptions
-from mrcnn_bench.store import REPO, environment
+from mrcnn_bench.store import REPO, environment, git
 
 GATE_CASES = ("static/inductor", "static/xla")
 GATED = ("unique_graphs", "graph_breaks", "recompiles", "uncached_compile", "fallback_ops", "flops")
 LATENCY_PRESET = "tiny"  # the latency check runs compare's defaults (the gate's --preset is the compile check's)
+REBASELINE = "mrcnn-bench gate --write-baseline --accuracy none"
 
 
 @dataclass
@@ -49,9 +58,10 @@ class GateOptions:
     """What ``mrcnn-bench gate`` checks, and where it writes."""
 
     preset: str = "tiny"  # of the compile-count cases
-    cases: list[Case] = field(default_factory=lambda: parse_cases(",".join(GATE_CASES)))
+    cases: list[Case] | None = None  # default: the baseline's cases (GATE_CASES when writing the baseline)
     baseline: str | None = None  # default: results/baselines/gate_<preset>.json
     write_baseline: bool = False
+    require_clean_tree: bool = True  # write a baseline in the repo only from a tree clean outside results/
     skip_compile: bool = False
     accuracy: str = "ci"  # accuracy-gate recipe; "none" skips the check
     checkpoint: str | None = None  # evaluate this instead of training the recipe
@@ -63,54 +73,137 @@ class GateOptions:
     out: str | None = None  # write the measurements and verdicts as JSON
 
 
+@dataclass
+class Verdict:
+    """What the checks found: ``failures`` (exit 1) and what kept them from deciding (``undecided``, exit 2)."""
+
+    failures: list[str] = field(default_factory=list)
+    undecided: list[str] = field(default_factory=list)
+
+    def extend(self, other: Verdict) -> None:
+        self.failures += other.failures
+        self.undecided += other.undecided
+
+
+class MeasureError(Exception):
+    """A case's measurement subprocess failed: the gate cannot decide about that case."""
+
+
 def baseline_path(preset: str) -> Path:
     return REPO / "results" / "baselines" / f"gate_{preset}.json"
+
+
+def compile_baseline_path(opts: GateOptions) -> Path:
+    return Path(opts.baseline) if opts.baseline else baseline_path(opts.preset)
+
+
+def rebaseline_command(opts: GateOptions) -> str:
+    """The command that rewrites this gate's compile baseline."""
+    extra = (f" --preset {opts.preset}" if opts.preset != "tiny" else "") + (
+        f" --baseline {opts.baseline}" if opts.baseline else "")
+    return REBASELINE + extra
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs, all checked before anything is measured (ValueError: exit 2, one line)
+
+
+def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
+    """The compile cases to measure and their baseline ({} when writing it); ValueError naming a bad input."""
+    if opts.skip_compile and opts.accuracy == "none" and not opts.latency_against:
+        raise ValueError("nothing to check: --skip-compile with --accuracy none and no --latency-against")
+    if opts.skip_compile and opts.write_baseline:
+        raise ValueError("--write-baseline writes compile counts; it cannot go with --skip-compile")
+    cases, base = compile_inputs(opts) if not opts.skip_compile else ([], {})
+    if opts.accuracy != "none" and not opts.write_baseline:
+        get_recipe(opts.accuracy)  # ValueError for an unknown recipe
+        load_baseline(default_baseline_path(opts.accuracy), opts.accuracy)  # BaselineError is a ValueError
+        if opts.checkpoint is not None and not Path(opts.checkpoint).exists():
+            raise ValueError(f"--checkpoint {opts.checkpoint}: no such file or folder")
+    if opts.latency_against and not is_code(opts.latency_against):
+        raise ValueError(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
+    return cases, base
+
+
+def compile_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
+    """The compile cases (every one must run here) and the baseline's cases (each must hold them)."""
+    path = compile_baseline_path(opts)
+    if opts.write_baseline:
+        if opts.inject:
+            raise ValueError("--inject with --write-baseline would record the fault as the baseline")
+        check_clean_tree(opts)
+        base: dict[str, Any] = {}
+        cases = opts.cases or parse_cases(",".join(GATE_CASES))
+    else:
+        base = load_compile_baseline(path, opts.preset)
+        cases = opts.cases or parse_cases(",".join(base))
+        absent = [c.name for c in cases if c.name not in base]
+        if absent:
+            raise ValueError(f"{', '.join(absent)}: not in the baseline {path}; add with `{rebaseline_command(opts)}`")
+        for name in sorted(set(base) - {c.name for c in cases}):
+            print(f"gate: {name} of the baseline is not among --cases: not checked", file=sys.stderr)
+    unmeasurable = [f"{c.name} ({c.skip_reason()})" for c in cases if c.skip_reason()]
+    if unmeasurable:
+        raise ValueError(f"cannot measure {'; '.join(unmeasurable)}: the gate cannot decide without it")
+    return cases, base
+
+
+def load_compile_baseline(path: Path, preset: str) -> dict[str, Any]:
+    """The ``cases`` of a compile baseline file measured on ``preset``; ValueError when it is not one."""
+    if not path.is_file():
+        raise ValueError(f"no compile baseline at {path}; create it with `{REBASELINE}`")
+    try:
+        doc = json.loads(path.read_text())
+        cases = doc["cases"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a gate baseline ({type(e).__name__}: {e})") from None
+    if not isinstance(cases, dict) or not cases:
+        raise ValueError(f"{path}: not a gate baseline (no cases)")
+    if doc.get("preset", preset) != preset:
+        raise ValueError(f"{path} holds preset {doc['preset']!r}, not {preset!r}: the counts are not comparable")
+    return cases
+
+
+def dirty_files(repo: Path = REPO) -> list[str] | None:
+    """Files changed since HEAD or untracked, outside ``results/``; None when git cannot tell."""
+    changed = git("--no-optional-locks", "diff", "--name-only", "HEAD", cwd=repo)
+    untracked = git("--no-optional-locks", "ls-files", "--others", "--exclude-standard", cwd=repo)
+    if changed is None or untracked is None:
+        return None
+    files = sorted(set(changed.splitlines()) | set(untracked.splitlines()))
+    return [f for f in files if f and not f.startswith("results/")]
+
+
+def check_clean_tree(opts: GateOptions) -> None:
+    """ValueError unless the tree is clean outside results/: a baseline must be the counts of a commit.
+
+    Only for a baseline inside the repository (one that can be committed); a scratch one elsewhere
+    (a test's temporary folder) is written from any tree.
+    """
+    if not opts.require_clean_tree or not compile_baseline_path(opts).resolve().is_relative_to(REPO):
+        return
+    dirty = dirty_files()
+    if dirty is None:
+        raise ValueError(f"--write-baseline needs a git checkout, and {REPO} is not one (or git is missing)")
+    if dirty:
+        shown = ", ".join(dirty[:10]) + (f" and {len(dirty) - 10} more" if len(dirty) > 10 else "")
+        raise ValueError(f"--write-baseline needs a tree clean outside results/; commit or revert: {shown}")
+
+
+def is_code(spec: str) -> bool:
+    """A checkout directory or a git ref of this repository (what ``compare`` runs live)."""
+    return Path(spec).is_dir() or git("rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}") is not None
 
 
 # ------------------------------------------------------------------------------------------------
 # Measuring compile counts (in a subprocess, so counters start at zero and XLA debug output is ours)
 
 
-_ANALYSIS = re.compile(r"^Compilation Analysis: (.*)$")
-
-
-def xla_compile_causes(log: str) -> list[dict[str, Any]]:
-    """torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` compilation reports: cause, graph hash, Python frames, call."""
-    causes: list[dict[str, Any]] = []
-    current: dict[str, Any] | None = None
-    section = ""
-    call = ""
-    for line in log.splitlines():
-        if line.startswith(CALL_LOG_PREFIX):
-            call = line.split(": ", 1)[1]
-            continue
-        m = _ANALYSIS.match(line)
-        if not m:
-            continue
-        text = m.group(1).rstrip()
-        if text.startswith("Compilation Cause"):
-            current = {"cause": [], "graph_hash": None, "frames": [], "during": call}
-            causes.append(current)
-            section = "cause"
-        elif current is None:
-            continue
-        elif text.startswith("Graph Info"):
-            section = "graph"
-        elif text.startswith("Python Frame Triggered Execution"):
-            section = "frames"
-        elif text.startswith(("----", "====")):
-            section = ""
-        elif section == "cause":
-            current["cause"].append(text.strip())
-        elif section == "graph" and "Graph Hash" in text:
-            current["graph_hash"] = text.split(":", 1)[1].strip()
-        elif section == "frames":
-            current["frames"].append(text.strip())
-    return causes
-
-
 def measure(case_name: str, preset: str, inject: str | None, workdir: Path) -> dict[str, Any]:
-    """:func:`~mrcnn_bench.compile_probe.measure_case` in a fresh subprocess; XLA cases with PT_XLA_DEBUG_LEVEL=2."""
+    """:func:`~mrcnn_bench.compile_probe.measure_case` in a fresh subprocess; XLA cases with PT_XLA_DEBUG_LEVEL=2.
+
+    Raises :class:`MeasureError` when the subprocess fails, after printing the end of its log.
+    """
     out_file, log_file = workdir / f"{case_name.replace('/', '_')}.json", workdir / "measure.log"
     env = dict(os.environ)
     env.setdefault("PJRT_DEVICE", "CPU")
@@ -122,7 +215,8 @@ def measure(case_name: str, preset: str, inject: str | None, workdir: Path) -> d
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
     text = log_file.read_text(errors="replace")
     if proc.returncode != 0:
-        raise RuntimeError(f"measuring {case_name} failed (exit {proc.returncode}):\n{text[-3000:]}")
+        print(f"gate: the log of {case_name}'s measurement ends:\n{text[-3000:]}", file=sys.stderr)
+        raise MeasureError(f"{case_name}: its measurement failed (exit {proc.returncode}; the log's end is above)")
     result = json.loads(out_file.read_text())
     if "xla" in case_name:
         result["xla_causes"] = xla_compile_causes(text)
@@ -133,19 +227,38 @@ def measure(case_name: str, preset: str, inject: str | None, workdir: Path) -> d
 # Comparing with the baseline
 
 
-def compile_failures(case_name: str, base: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """Messages for every gated metric of ``now`` above ``base``, each with the reasons that explain it."""
+def compile_failures(case_name: str, base: dict[str, Any], now: dict[str, Any],
+                     rebaseline: str = REBASELINE) -> list[str]:
+    """Messages for every gated metric of ``now`` that differs from ``base``; a rise explains itself.
+
+    A fall fails too: the baseline must ratchet down with it (``rebaseline`` says how). A metric on
+    one side only is not compared here: :func:`missing_metrics` reports it.
+    """
     failures = []
     for metric in GATED:
-        if metric not in base or metric not in now:
+        if base.get(metric) is None or now.get(metric) is None:
             continue
         b, n = float(base[metric]), float(now[metric])
         if n > b:
             failures.append(f"{case_name}: {metric} rose from {b:g} to {n:g} (+{n - b:g})" + explain(metric, base, now))
         elif metric == "flops" and n != b:
             failures.append(f"{case_name}: flops changed from {b:g} to {n:g} ({n / b - 1:+.2%}); "
-                            "FLOPs are deterministic: update the baseline if the change is intended")
+                            f"FLOPs are deterministic: if the change is intended, re-baseline with `{rebaseline}`")
+        elif n < b:
+            failures.append(f"{case_name}: {metric} fell from {b:g} to {n:g} ({n - b:g}): an improvement, so "
+                            f"ratchet the baseline down: re-baseline with `{rebaseline}` and commit it")
     return failures
+
+
+def missing_metrics(case_name: str, base: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """A message for each gated metric that one side has and the other lacks (or holds as null)."""
+    out = []
+    for metric in GATED:
+        in_base, in_now = base.get(metric) is not None, now.get(metric) is not None
+        if in_base != in_now:
+            side = "this measurement" if in_base else "the baseline"
+            out.append(f"{case_name}: {metric} is missing from {side}, so it cannot be compared")
+    return out
 
 
 def explain(metric: str, base: dict[str, Any], now: dict[str, Any]) -> str:
@@ -174,46 +287,43 @@ def explain(metric: str, base: dict[str, Any], now: dict[str, Any]) -> str:
 # The checks
 
 
-def measure_all(opts: GateOptions) -> dict[str, Any]:
-    """Compile counts of every gate case that can run here, each in its own subprocess."""
+def measure_all(opts: GateOptions, cases: list[Case]) -> tuple[dict[str, Any], list[str]]:
+    """Compile counts of each case, each in its own subprocess, and a message for each that failed."""
     measured: dict[str, Any] = {}
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="mrcnn-gate-") as tmp:
-        for case in opts.cases:
-            reason = case.skip_reason()
-            if reason:
-                print(f"gate: {case.name} skipped ({reason})", file=sys.stderr)
-                continue
+        for case in cases:
             print(f"gate: measuring compile counts of {case.name} over {len(GATE_SIZES)} image sizes",
                   file=sys.stderr)
-            m = measured[case.name] = measure(case.name, opts.preset, opts.inject, Path(tmp))
+            try:
+                m = measured[case.name] = measure(case.name, opts.preset, opts.inject, Path(tmp))
+            except MeasureError as e:
+                failed.append(str(e))
+                continue
             print(f"gate: {case.name}: " + ", ".join(f"{k}={m[k]:g}" for k in GATED if k in m), file=sys.stderr)
-    return measured
+    return measured, failed
 
 
-def check_compiles(opts: GateOptions, report: dict[str, Any]) -> list[str]:
-    """Measure, then write the baseline (``write_baseline``) or compare with it: failure messages."""
-    path = Path(opts.baseline) if opts.baseline else baseline_path(opts.preset)
-    measured = report["compile"] = measure_all(opts)
+def check_compiles(opts: GateOptions, cases: list[Case], base: dict[str, Any], report: dict[str, Any]) -> Verdict:
+    """Measure ``cases``, then write the baseline (``write_baseline``) or compare with ``base``."""
+    path = compile_baseline_path(opts)
+    measured, failed = measure_all(opts, cases)
+    report["compile"] = measured
+    verdict = Verdict(undecided=failed)
     if opts.write_baseline:
+        if failed:
+            verdict.undecided.append(f"baseline {path} not written: a case could not be measured")
+            return verdict
         doc = {"preset": opts.preset, "sizes": GATE_SIZES, "cases": measured,
                "environment": environment(MEASURE_THREADS, 0)}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"gate: wrote baseline {path}", file=sys.stderr)
-        return []
-    if not path.is_file():
-        return [f"no compile baseline at {path}; create it with `mrcnn-bench gate --write-baseline`"]
-    try:
-        base = json.loads(path.read_text())["cases"]
-    except (ValueError, KeyError) as e:
-        return [f"{path}: not a gate baseline ({e})"]
-    failures = []
+        return verdict
     for name, now in measured.items():
-        if name not in base:
-            failures.append(f"{name}: not in the baseline {path}; add it with --write-baseline")
-            continue
-        failures += compile_failures(name, base[name], now)
-    return failures
+        verdict.undecided += missing_metrics(name, base[name], now)
+        verdict.failures += compile_failures(name, base[name], now, rebaseline_command(opts))
+    return verdict
 
 
 def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
@@ -232,8 +342,8 @@ def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
     return [] if result.passed else [f"accuracy: {m}" for m in result.failures]
 
 
-def check_latency(opts: GateOptions, report: dict[str, Any]) -> list[str]:
-    """The working tree against ``latency_against``, interleaved: a message per flagged regression."""
+def check_latency(opts: GateOptions, report: dict[str, Any]) -> Verdict:
+    """The working tree against ``latency_against``, interleaved: a failure per flagged regression."""
     assert opts.latency_against is not None
     run = RunOptions(workload=default_workload(LATENCY_PRESET), rows=[],
                      rounds=opts.latency_rounds or ab.DEFAULT_COMPARE_ROUNDS,
@@ -242,26 +352,46 @@ def check_latency(opts: GateOptions, report: dict[str, Any]) -> list[str]:
     recs_a, recs_b, _ = ab.run_live(compare)
     table = ab.compare_records(recs_a, recs_b)
     report["latency"] = json.loads(table.to_json(orient="records"))
-    print(table.to_markdown(index=False, floatfmt=".4g"), file=sys.stderr)
-    return [f"latency: {line['case']}: {line['verdict']}" for _, line in table.iterrows() if line["regression"]]
+    compared = set(table["case"]) if not table.empty else set()
+    verdict = Verdict(undecided=[f"latency: {c.name} did not run on both sides" for c in opts.latency_cases
+                                 if c.name not in compared])
+    if not table.empty:
+        print(table.to_markdown(index=False, floatfmt=".4g"), file=sys.stderr)
+        verdict.failures = [f"latency: {line['case']}: {line['verdict']}" for _, line in table.iterrows()
+                            if line["regression"]]
+    return verdict
 
 
 def run_gate(opts: GateOptions) -> int:
-    """Every check asked for; prints the verdict. Exit code: 1 on any failure, else 0."""
+    """Every check asked for; prints the verdict. Exit code: 1 on a failure, else 2 if undecided, else 0.
+
+    Raises ValueError (exit 2) for a bad input, before anything is measured.
+    """
+    cases, base = check_inputs(opts)
     report: dict[str, Any] = {}
-    failures: list[str] = []
+    verdict = Verdict()
     if not opts.skip_compile:
-        failures += check_compiles(opts, report)
+        verdict.extend(check_compiles(opts, cases, base, report))
     if opts.accuracy != "none" and not opts.write_baseline:
-        failures += check_accuracy(opts, report)
+        verdict.failures += check_accuracy(opts, report)
     if opts.latency_against:
-        failures += check_latency(opts, report)
-    report["failures"] = failures
+        verdict.extend(check_latency(opts, report))
+    report["failures"], report["undecided"] = verdict.failures, verdict.undecided
     if opts.out:
         Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
         Path(opts.out).write_text(json.dumps(report, indent=1, default=jsonable) + "\n")
-    if failures:
-        print("GATE FAILED:\n" + "\n".join(f"  - {f}" for f in failures))
+    return print_verdict(verdict, [k for k in ("compile", "accuracy", "latency") if k in report])
+
+
+def print_verdict(verdict: Verdict, checked: list[str]) -> int:
+    """The verdict on stdout; its exit code."""
+    if verdict.failures:
+        print("GATE FAILED:\n" + "\n".join(f"  - {f}" for f in verdict.failures))
+    if verdict.undecided:
+        print("GATE COULD NOT DECIDE:\n" + "\n".join(f"  - {u}" for u in verdict.undecided))
+    if verdict.failures:
         return 1
-    print("gate passed: " + ", ".join(k for k in ("compile", "accuracy", "latency") if k in report))
+    if verdict.undecided:
+        return 2
+    print("gate passed: " + ", ".join(checked))
     return 0

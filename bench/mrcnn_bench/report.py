@@ -1,6 +1,7 @@
 """Reports from records: the comparison table (markdown, CSV, HTML via pandas), plots, the dashboard.
 
-The table is one line per row: latency (median, IQR, ratio to torchvision eager), time to first
+The table is one line per row: latency (the number ``n`` of timed calls, median, IQR, ratio to
+torchvision eager; none of them from fewer than ``MIN_SAMPLES`` calls), time to first
 result and compile time, compile counts and graph breaks, training throughput, GFLOP/s as a
 fraction of the machine's peak, peak memory, parity with torchvision, and the issue's target for
 that row with its verdict.
@@ -17,9 +18,10 @@ import pandas as pd
 
 from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
 from mrcnn_bench.records import Record, RunDocument
+from mrcnn_bench.stats import MIN_SAMPLES
 
 TABLE_COLUMNS = [
-    "row", "status", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
+    "row", "status", "n", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
     "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap", "parity", "target",
 ]
 
@@ -27,6 +29,17 @@ TABLE_COLUMNS = [
 def as_number(x: Any) -> float:
     """A record's value as a float; NaN for a missing (None) or non-numeric one."""
     return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
+
+
+def median(rec: Record) -> float:
+    """The record's median seconds per call; NaN from fewer than :data:`MIN_SAMPLES` timed calls."""
+    return as_number(rec.median_s) if len(rec.times_s) >= MIN_SAMPLES else math.nan
+
+
+def too_few(rec: Record) -> str:
+    """'n=1: too few samples' for a row timed fewer than :data:`MIN_SAMPLES` times but at least once, else ''."""
+    n = len(rec.times_s)
+    return f"n={n}: too few samples" if 0 < n < MIN_SAMPLES else ""
 
 
 def compiles_text(rec: Record) -> str:
@@ -54,7 +67,7 @@ def target_verdict(rec: Record, medians: dict[str, float]) -> str:
     if name not in SPEED_TARGETS:
         return ""
     base, factor = SPEED_TARGETS[name]
-    base_med, med = medians.get(base, math.nan), as_number(rec.median_s)
+    base_med, med = medians.get(base, math.nan), median(rec)
     if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(med) or math.isnan(base_med):
@@ -73,11 +86,12 @@ def target_verdict(rec: Record, medians: dict[str, float]) -> str:
 
 def table_frame(records: list[Record]) -> pd.DataFrame:
     """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
-    medians = {r.case: as_number(r.median_s) for r in records}
+    medians = {r.case: median(r) for r in records}
     rows = []
     for r in records:
         ref = TRAIN_REFERENCE if r.phase == "training" else REFERENCE
-        ref_med = medians.get(ref, math.nan)
+        ref_med, med = medians.get(ref, math.nan), median(r)
+        measured = 1.0 if med == med else math.nan  # NaN: hides what a median of too few calls gave
         parity = ""
         if not math.isnan(as_number(r.parity_matched_ref)):
             parity = (f"{r.parity_matched_ref:.1%} / {r.parity_matched_other:.1%}, "
@@ -85,15 +99,16 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
         rows.append({
             "row": r.row,
             "status": r.status + (f": {r.detail}" if r.detail else ""),
-            "median_s": as_number(r.median_s),
-            "iqr_s": as_number(r.iqr_s),
-            "ratio_vs_tv": as_number(r.median_s) / ref_med if ref_med == ref_med else math.nan,
-            "images_per_s": as_number(r.images_per_s),
+            "n": len(r.times_s),
+            "median_s": med,
+            "iqr_s": as_number(r.iqr_s) * measured,
+            "ratio_vs_tv": med / ref_med,
+            "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
             "compile_s": as_number(r.compile_s),
             "compiles": compiles_text(r),
-            "gflops_s": as_number(r.gflops_s),
-            "frac_peak": as_number(r.frac_peak),
+            "gflops_s": as_number(r.gflops_s) * measured,
+            "frac_peak": as_number(r.frac_peak) * measured,
             "peak_mem_gb": as_number(r.peak_mem_gb),
             "box_ap": as_number(r.box_ap),
             "mask_ap": as_number(r.mask_ap),
@@ -121,6 +136,8 @@ def shown_frame(doc: RunDocument) -> pd.DataFrame:
     for i, r in enumerate(doc.records):
         if r.status == "timeout" and not r.times_s:
             df.loc[i, "median_s"] = f"> {limit:g} s"
+        elif too_few(r):
+            df.loc[i, "median_s"] = too_few(r)
     return df
 
 
@@ -236,7 +253,7 @@ def plots(doc: RunDocument, out_dir: Path, stem: str) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in doc.records if r.status == "ok" and r.median_s]
+    recs = [r for r in doc.records if r.status == "ok" and median(r) > 0]
     paths = []
     for phase, metric, xlabel in (("inference", "median_s", "seconds per call (median, IQR bars; log)"),
                                   ("training", "images_per_s", "training images/s (higher is better)")):

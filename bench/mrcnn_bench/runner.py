@@ -3,7 +3,9 @@
     for each round: for each row (order rotated every round): time one call
 
 so slow drift of a shared machine hits every row alike. The first call of a row is timed apart
-("time to first result", compilation included); the rounds give the median and IQR of steady state.
+("time to first result", compilation included); warm-up calls every distinct input the rounds will
+use (:func:`warmup_calls`), so no compilation lands in a round; the rounds give the median and IQR
+of steady state.
 
 What a call is: :mod:`mrcnn_bench.pipelines`. Where a row runs (this process or a bounded worker):
 :mod:`mrcnn_bench.execution`. Parity is checked on the timed outputs themselves: each inference
@@ -97,8 +99,8 @@ def run(opts: RunOptions) -> RunOutput:
     peaks_start = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
     with contextlib.ExitStack() as stack:
         runners = setup_rows(active, ctx, opts, stack)
-        warm_up(active, runners, opts)
-        machine = timed_rounds(active, runners, opts)
+        warm_up(active, runners, opts, images=len(ctx.images))
+        machine = timed_rounds(active, runners, opts, images=len(ctx.images))
         for r in active:
             runner = runners[r.row.name]
             if isinstance(runner, WorkerRow) and r.row.case.compiler == "inductor" and r.status != "timeout":
@@ -159,11 +161,27 @@ def _call(r: RowResult, runner: RowRunner, index: int, first: bool = False) -> t
     return seconds, result
 
 
-def warm_up(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOptions) -> None:
-    """Set-up and warm-up, row by row; a worker row gets the time limit for set-up + first call."""
+def warmup_calls(row: Row, opts: RunOptions, images: int | None = None) -> int:
+    """How many warm-up calls (indices 0, 1, ...) a row gets before round 1; the rounds go on from there.
+
+    At least ``opts.warmup``. An inference call ``i`` takes images ``i*b .. i*b+b-1`` modulo the
+    ``images`` of the run (b images per call), so the inputs repeat every ``images / gcd(b, images)``
+    calls: warming up that many compiles for every input (image, canvas) the rounds will use, so no
+    compilation lands in a timed round. A training step takes the same samples every call.
+    """
+    if row.case.phase == "training":
+        return opts.warmup
+    n = opts.workload.images if images is None else images
+    return max(opts.warmup, n // math.gcd(opts.workload.batch_size, n))
+
+
+def warm_up(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOptions,
+            images: int | None = None) -> None:
+    """Set-up and warm-up (:func:`warmup_calls`), row by row; a worker row gets the time limit for
+    set-up + first call. ``images``: the run's image count (default: the workload's)."""
     for r in active:
         try:
-            _warm_up_row(r, runners[r.row.name], opts)
+            _warm_up_row(r, runners[r.row.name], warmup_calls(r.row, opts, images), opts)
             r.status = "ok"
         except RowTimeout as e:
             r.status, r.detail, r.counters_end, r.reasons = "timeout", str(e), e.counters, e.reasons
@@ -173,7 +191,7 @@ def warm_up(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOpt
             log(f"{r.row.name}: ERROR in set-up/warm-up\n{traceback.format_exc()}")
 
 
-def _warm_up_row(r: RowResult, runner: RowRunner, opts: RunOptions) -> None:
+def _warm_up_row(r: RowResult, runner: RowRunner, calls: int, opts: RunOptions) -> None:
     in_worker = r.row.in_worker
     log(f"{r.row.name}: set-up" + (f" (bounded at {opts.time_limit:g} s)" if in_worker else ""))
     r.counters_start = runner.counters()
@@ -184,7 +202,7 @@ def _warm_up_row(r: RowResult, runner: RowRunner, opts: RunOptions) -> None:
     r.setup_s = time.perf_counter() - t0
     if not in_worker:
         r.counters_start = runner.counters()
-    for w in range(opts.warmup):
+    for w in range(calls):
         seconds, _ = _call(r, runner, w, first=w == 0)
         if w == 0:
             r.first_result_s = seconds
@@ -199,11 +217,13 @@ def _new_reasons(before: dict[str, list[str]], after: dict[str, list[str]]) -> d
     return {kind: list((Counter(texts) - Counter(before.get(kind, []))).elements()) for kind, texts in after.items()}
 
 
-def timed_rounds(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOptions) -> list[dict[str, float]]:
+def timed_rounds(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOptions,
+                 images: int | None = None) -> list[dict[str, float]]:
     """The interleaved rounds; returns the machine's state before the first and after each round.
 
     The order rotates every round; each variant's reference row's output of the round is the
-    parity oracle for that variant's other inference rows.
+    parity oracle for that variant's other inference rows (all inference rows take the same
+    images in a round: they share :func:`warmup_calls`).
     """
     running = [r for r in active if r.status == "ok"]
     rounds: Iterable[int] = range(opts.rounds)
@@ -216,7 +236,7 @@ def timed_rounds(active: list[RowResult], runners: dict[str, RowRunner], opts: R
         outputs: dict[Row, Any] = {}
         for r in order:
             if r.status == "ok":
-                _time_row(r, runners[r.row.name], opts.warmup + rnd, rnd, outputs)
+                _time_row(r, runners[r.row.name], warmup_calls(r.row, opts, images) + rnd, rnd, outputs)
         machine.append(machine_state(worker_pids))
         _check_parity(running, outputs)
     return machine
