@@ -1,22 +1,42 @@
 """ResNet + FPN, built from torchvision's own modules so its weights load with their own names.
 
 Shapes are fixed by the input canvas alone: [B, 3, H, W] -> levels "0".."3" at strides 4..32 and
-"pool" at stride 64, each with ``cfg.fpn_channels`` channels.
+"pool" at stride 64, each with ``cfg.fpn_channels`` channels. :func:`masked_features` runs the same
+modules with the canvas padding masked so that it changes nothing (``cfg.mask_padding``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
 from torchvision.models import resnet
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
-from mrcnn.config import Config
+from mrcnn.config import Config, level_stride
 
 _LAYERS = ["layer4", "layer3", "layer2", "layer1", "conv1"]
 
 
-def build_backbone(cfg: Config) -> BackboneWithFPN:
+class MaskedBackboneWithFPN(BackboneWithFPN):
+    """torchvision's ``BackboneWithFPN`` (same modules and state_dict names) that can mask its padding.
+
+    ``forward(images)`` is torchvision's; ``forward(images, extents)`` is :func:`masked_features`.
+    Either way the model calls this module, so forward hooks on it see every image batch.
+    """
+
+    def forward(self, x: Tensor, extents: Tensor | None = None) -> dict[str, Tensor]:
+        """images [B, 3, H, W] (extents [B, 2] or None) -> {"0".."3", "pool": [B, C, H_l, W_l]}."""
+        if extents is None:
+            return super().forward(x)
+        return dict(zip(("0", "1", "2", "3", "pool"), masked_features(self, x, extents), strict=True))
+
+
+def build_backbone(cfg: Config) -> MaskedBackboneWithFPN:
     """torchvision ``_resnet_fpn_extractor`` semantics, with a configurable FPN width."""
     body = getattr(resnet, f"resnet{cfg.backbone_depth}")(weights=None, norm_layer=FrozenBatchNorm2d)
     # Freeze the stem and early stages as torchvision does (trainable_backbone_layers).
@@ -25,10 +45,110 @@ def build_backbone(cfg: Config) -> BackboneWithFPN:
         if not any(name.startswith(layer) for layer in trainable):
             parameter.requires_grad_(False)
     stage2 = body.inplanes // 8  # 256 for Bottleneck ResNets, 64 for BasicBlock ones
-    return BackboneWithFPN(
+    return MaskedBackboneWithFPN(
         body,
         return_layers={f"layer{k}": str(k - 1) for k in range(1, 5)},
         in_channels_list=[stage2 * 2 ** (k - 1) for k in range(1, 5)],
         out_channels=cfg.fpn_channels,
         extra_blocks=LastLevelMaxPool(),
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Padding that changes nothing: torchvision pads each batch only to its own size rounded up to
+# ``size_divisible`` (the "extent") and every convolution zero-pads at that edge. On a larger static
+# canvas the padded area stops being zero after the first conv + BN + ReLU, and each later kernel
+# wider than 1 would mix it into the image edge. Zeroing the features outside the extent before
+# each such kernel reproduces torchvision's maps inside the extent, with fixed shapes.
+
+
+def padded_extents(image_sizes: Tensor, size_divisible: int) -> Tensor:
+    """[B, 2] resized (h, w) -> [B, 2] torchvision's padded size: each rounded up to ``size_divisible``."""
+    return (image_sizes + size_divisible - 1) // size_divisible * size_divisible
+
+
+def level_extents(extents: Tensor, stride: int) -> Tensor:
+    """[B, 2] input extents -> [B, 2] torchvision's feature-map size at ``stride`` (a power of 2).
+
+    Every stride-2 step of ResNet (7x7 pad 3, 3x3 pad 1, 1x1 pad 0, max-pool 3 pad 1) and the FPN's
+    LastLevelMaxPool (kernel 1) maps n to ceil(n / 2), and repeated ceilings compose to ceil(n / s).
+    """
+    return (extents + stride - 1) // stride
+
+
+def extent_mask(x: Tensor, extents: Tensor, canvas: tuple[int, int]) -> Tensor:
+    """[B, 1, h, w] of x's dtype: 1 inside each image's extent at x's stride, 0 outside."""
+    h, w = x.shape[-2:]
+    stride = level_stride(canvas[0], h)
+    limit = level_extents(extents, stride)
+    rows = torch.arange(h, device=x.device)[None, :] < limit[:, :1]  # [B, h]
+    cols = torch.arange(w, device=x.device)[None, :] < limit[:, 1:]  # [B, w]
+    return (rows[:, None, :, None] & cols[:, None, None, :]).to(x.dtype)
+
+
+def _block(block: nn.Module, x: Tensor, zero: Callable[[Tensor], Tensor]) -> Tensor:
+    """torchvision's BasicBlock / Bottleneck forward with the inputs of its 3x3 conv zeroed outside."""
+    identity = x if block.downsample is None else block.downsample(x)  # 1x1: reads no neighbours
+    if isinstance(block, resnet.Bottleneck):
+        out = block.relu(block.bn1(block.conv1(x)))
+        out = block.relu(block.bn2(block.conv2(zero(out))))
+        out = block.bn3(block.conv3(out))
+    else:
+        out = block.relu(block.bn1(block.conv1(zero(x))))
+        out = block.bn2(block.conv2(zero(out)))
+    return block.relu(out + identity)
+
+
+def masked_features(backbone: BackboneWithFPN, images: Tensor, extents: Tensor) -> list[Tensor]:
+    """images [B, 3, H, W], extents [B, 2] -> P2..P6 [B, C, H_l, W_l], each zero outside the extent.
+
+    Same modules and weights as ``backbone(images)``; inside each image's extent every level equals
+    torchvision's on that image padded only to its extent.
+    """
+    canvas = (images.shape[-2], images.shape[-1])
+
+    def zero(x: Tensor) -> Tensor:
+        return x * extent_mask(x, extents, canvas)
+
+    body = backbone.body
+    x = body.relu(body.bn1(body.conv1(zero(images))))
+    x = body.maxpool(zero(x))  # after ReLU x >= 0, so zeros pool like torchvision's -inf padding
+    stages = []
+    for name in ("layer1", "layer2", "layer3", "layer4"):
+        for block in getattr(body, name):
+            x = _block(block, x, zero)
+        stages.append(x)
+
+    fpn = backbone.fpn
+    last = fpn.get_result_from_inner_blocks(stages[-1], -1)  # 1x1 lateral convs need no mask
+    levels = [zero(fpn.get_result_from_layer_blocks(zero(last), -1))]
+    for idx in range(len(stages) - 2, -1, -1):
+        lateral = fpn.get_result_from_inner_blocks(stages[idx], idx)
+        # Sizes double exactly between levels of a canvas and of an extent, so nearest upsampling
+        # copies the same values as torchvision's inside the extent.
+        last = lateral + F.interpolate(last, size=lateral.shape[-2:], mode="nearest")
+        levels.insert(0, zero(fpn.get_result_from_layer_blocks(zero(last), idx)))
+    # LastLevelMaxPool (kernel 1, stride 2) of a zeroed P5 is zero outside the P6 extent too.
+    levels, _ = fpn.extra_blocks(levels, stages, [str(i) for i in range(len(levels))])
+    return levels
+
+
+def edge_extended(feature: Tensor, extents: Tensor, canvas: tuple[int, int]) -> Tensor:
+    """[B, C, h, w] zeroed outside the extent -> the same with row/column ``extent`` copied from extent - 1.
+
+    (Also used on full-canvas ground-truth masks [B, G, H, W] with the image sizes as extents.)
+
+    torchvision's roi_align clamps a sample in (n - 1, n] to row n - 1 of its n-row map; on the
+    larger canvas the bilinear tap would read row n instead. A copy of row n - 1 there makes both
+    kernels (and the tensor impl) read what torchvision reads. Samples lie inside boxes clipped to
+    the image, so none reaches past row n.
+    """
+    h, w = feature.shape[-2:]
+    stride = level_stride(canvas[0], h)
+    limit = level_extents(extents, stride)
+    rows = torch.arange(h, device=feature.device)[None, :]
+    cols = torch.arange(w, device=feature.device)[None, :]
+    below = (rows == limit[:, :1])[:, None, :, None]  # [B, 1, h, 1]
+    beside = (cols == limit[:, 1:])[:, None, None, :]  # [B, 1, 1, w]
+    feature = torch.where(below, F.pad(feature, (0, 0, 1, 0))[..., :h, :], feature)
+    return torch.where(beside, F.pad(feature, (1, 0))[..., :w], feature)

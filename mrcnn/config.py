@@ -19,6 +19,18 @@ BOX_ROI_SIZE = 7
 Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples of size_divisible
 
 
+def level_stride(canvas: int, size: int) -> int:
+    """The power-of-two stride of a feature map ``size`` long on a side ``canvas`` long.
+
+    Maps are ceil(canvas / stride) long, so a plain division is off for the coarse levels. An
+    integer loop rather than log2: under dynamic shapes (sizes are SymInts) it traces as guards.
+    """
+    stride = 1
+    while -(-canvas // stride) > size:
+        stride *= 2
+    return stride
+
+
 def _default_canvases(min_size: int, max_size: int, divisible: int, mid: int) -> tuple[Canvas, ...]:
     """Square, a middle bucket for the common 3:4 photo, and the widest each way.
 
@@ -55,6 +67,10 @@ class Config:
     size_divisible: int = 32
     # Padded input buckets (H, W). An image batch goes to the smallest bucket holding all of it.
     canvases: tuple[Canvas, ...] = field(default_factory=lambda: _default_canvases(800, 1333, 32, 1067))
+    # Zero features outside each image's own padded size (its size rounded up to size_divisible)
+    # before every kernel wider than 1, so a larger canvas gives torchvision's detections for that
+    # image. False: the canvas padding leaks into the image border (cheaper; cost measured by bench).
+    mask_padding: bool = True
 
     # Anchors.
     anchor_sizes: tuple[int, ...] = (32, 64, 128, 256, 512)  # one size per FPN level

@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone
+from mrcnn.backbone import build_backbone, edge_extended, padded_extents
 from mrcnn.config import Config, get_config
-from mrcnn.losses import check_targets
+from mrcnn.losses import check_targets, masks_are_cropped
 from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
@@ -52,16 +52,40 @@ class MaskRCNN(nn.Module):
                 raise ValueError("targets are required in training mode (call model.eval() for inference)")
             if not torch.compiler.is_compiling():
                 check_targets(targets, self.cfg, batch)
-        features = list(self.backbone(batch.tensors).values())  # P2..P6
+            if self.cfg.mask_padding and not masks_are_cropped(targets, self.cfg, canvas):
+                # torchvision samples each image's own-size ground-truth mask, clamped at its edge.
+                masks = edge_extended(targets.masks, batch.image_sizes, canvas)
+                targets = Targets(targets.boxes, targets.labels, masks, targets.valid)
+        features, pooled, extents = self.features(batch)
         if training:
-            proposals, losses = self.rpn(features, batch.image_sizes, canvas, targets, batch.valid)
-            # RoIAlign reads P2..P5.
-            losses.update(self.roi_heads.loss(features[:4], proposals, targets, canvas, batch.valid))
+            proposals, losses = self.rpn(features, batch.image_sizes, canvas, targets, batch.valid, extents)
+            losses.update(self.roi_heads.loss(pooled, proposals, targets, canvas, batch.valid))
             return losses
-        proposals, _ = self.rpn(features, batch.image_sizes, canvas)
-        det = self.roi_heads(features[:4], proposals, batch.image_sizes)  # RoIAlign reads P2..P5
+        proposals, _ = self.rpn(features, batch.image_sizes, canvas, extents=extents)
+        det = self.roi_heads(pooled, proposals, batch.image_sizes)
         # Explicit constructor: dynamo cannot trace NamedTuple._replace of a new instance.
         return Detections(det.boxes, det.scores, det.labels, det.masks, det.valid & batch.valid[:, None])
+
+    def features(self, batch: ImageBatch) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+        """-> (P2..P6 for the RPN, P2..P5 for RoIAlign, extents [B, 2] or None).
+
+        With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
+        (the image's size rounded up to ``size_divisible``; in training, the batch's largest):
+        features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
+        the edge as torchvision's clamps it.
+        """
+        if not self.cfg.mask_padding:
+            features = list(self.backbone(batch.tensors).values())
+            return features, features[:4], None
+        canvas = (batch.tensors.shape[-2], batch.tensors.shape[-1])
+        extents = padded_extents(batch.image_sizes, self.cfg.size_divisible)
+        if self.training:
+            # torchvision trains on batches padded to the largest image's extent, so each image's
+            # losses depend on that; inference matches torchvision running each image alone.
+            largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
+            extents = largest.expand_as(extents)
+        features = list(self.backbone(batch.tensors, extents).values())  # P2..P6
+        return features, [edge_extended(f, extents, canvas) for f in features[:4]], extents
 
     @torch.no_grad()
     def predict(self, images: list[Tensor], batch_size: int | None = None) -> list[dict[str, Tensor]]:

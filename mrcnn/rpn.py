@@ -51,43 +51,70 @@ class RegionProposalNetwork(nn.Module):
         canvas: tuple[int, int],
         targets: Targets | None = None,
         image_valid: Tensor | None = None,
+        extents: Tensor | None = None,
     ) -> tuple[Proposals, dict[str, Tensor]]:
         """features: FPN levels [B, C, H_l, W_l]; image_sizes [B, 2] -> (Proposals, losses).
 
         With ``targets`` (training) the losses are ``loss_objectness`` and ``loss_rpn_box_reg``;
         ``image_valid`` [B] bool leaves the padding slots of an incomplete batch out of them.
-        Without, the dict is empty.
+        Without, the dict is empty. ``extents`` [B, 2] (torchvision's padded sizes, see
+        :func:`mrcnn.backbone.padded_extents`) restricts the anchors to those torchvision has: on its
+        feature maps for that size and at its strides.
         """
         objectness_maps, delta_maps = self.head(features)
         feature_sizes = [tuple(f.shape[-2:]) for f in features]
-        anchors = self.anchors(canvas, feature_sizes)  # [A_total, 4]
+        anchors = self.anchors(canvas, feature_sizes, extents)  # [A_total, 4], or [B, A_total, 4]
+        inside = None if extents is None else self.anchors.inside(canvas, feature_sizes, extents)  # [B, A_total]
         objectness = flatten_head_outputs(objectness_maps, 1)[..., 0]  # [B, A_total]
         deltas = flatten_head_outputs(delta_maps, 4)  # [B, A_total, 4]
         # Proposals are not differentiated through (torchvision detaches them too), and are decoded
         # in fp32 even under autocast: bf16 cannot hold box coordinates to a pixel.
         proposals = self.propose(
-            objectness.detach().float(), deltas.detach().float(), anchors, feature_sizes, image_sizes
+            objectness.detach().float(), deltas.detach().float(), anchors, feature_sizes, image_sizes, inside
         )
         if targets is None:
             return proposals, {}
-        return proposals, self.loss(objectness, deltas, anchors, targets, image_valid)
+        if inside is None:
+            return proposals, self.loss(objectness, deltas, anchors, targets, image_valid)
+        # rpn_losses takes one anchor set for the batch: give it the canvas's, with each matched box
+        # moved by the same offset as its anchor, so every box encoding stays that of its own anchor.
+        shared = self.anchors(canvas, feature_sizes)
+        return proposals, self.loss(objectness, deltas, anchors, targets, image_valid, inside, shared)
 
     def loss(
-        self, objectness: Tensor, deltas: Tensor, anchors: Tensor, targets: Targets, image_valid: Tensor | None
+        self,
+        objectness: Tensor,
+        deltas: Tensor,
+        anchors: Tensor,
+        targets: Targets,
+        image_valid: Tensor | None,
+        inside: Tensor | None = None,
+        shared: Tensor | None = None,
     ) -> dict[str, Tensor]:
-        """torchvision's assign_targets_to_anchors + fg_bg_sampler + compute_loss, fixed shapes."""
+        """torchvision's assign_targets_to_anchors + fg_bg_sampler + compute_loss, fixed shapes.
+
+        anchors [A, 4], or [B, A, 4] with ``inside`` [B, A] (anchors torchvision has) and ``shared``
+        [A, 4] (the canvas's anchors, which the loss encodes against).
+        """
         cfg = self.cfg
         gt_boxes = targets.boxes.to(anchors.dtype)
         with torch.no_grad():
-            iou = box_iou(gt_boxes, anchors[None])  # [B, G, A]
+            iou = box_iou(gt_boxes, anchors if anchors.dim() == 3 else anchors[None])  # [B, G, A]
+            if inside is not None:  # anchors torchvision lacks neither match nor make low-quality matches
+                iou = torch.where(inside[:, None, :], iou, -1.0)
             matches = match(iou, targets.valid, cfg.rpn_fg_iou_thresh, cfg.rpn_bg_iou_thresh, True)
             labels = torch.where(matches >= 0, 1, 0)
             labels = torch.where(matches == BELOW_LOW_THRESHOLD, 0, labels)
             labels = torch.where(matches == BETWEEN_THRESHOLDS, -1, labels)
             if image_valid is not None:
                 labels = torch.where(image_valid[:, None], labels, -1)
+            if inside is not None:
+                labels = torch.where(inside, labels, -1)
             samples = sample_balanced(labels, cfg.rpn_batch_size_per_image, cfg.rpn_positive_fraction)
             matched_boxes = gt_boxes.gather(1, matches.clamp(min=0)[..., None].expand(-1, -1, 4))
+            if shared is not None:
+                matched_boxes = matched_boxes + (shared[None] - anchors)
+                anchors = shared
         return rpn_losses(objectness, deltas, anchors, matched_boxes, samples)
 
     def propose(
@@ -97,9 +124,17 @@ class RegionProposalNetwork(nn.Module):
         anchors: Tensor,
         feature_sizes: list[tuple[int, int]],
         image_sizes: Tensor,
+        inside: Tensor | None = None,
     ) -> Proposals:
-        """objectness [B, A], deltas [B, A, 4], anchors [A, 4] -> P proposals per image."""
+        """objectness [B, A], deltas [B, A, 4], anchors [A, 4] or [B, A, 4] -> P proposals per image.
+
+        ``inside`` [B, A] bool: anchors that may become proposals. The others rank last in each
+        level's top-k and stay invalid, so the candidates are torchvision's whenever its map holds
+        at least k anchors, and its whole map (plus invalid slots) otherwise.
+        """
         cfg = self.cfg
+        if inside is not None:
+            objectness = torch.where(inside, objectness, float("-inf"))
         pre_nms = cfg.rpn_pre_nms_top_n_train if self.training else cfg.rpn_pre_nms_top_n_test
         post_nms = cfg.rpn_post_nms_top_n_train if self.training else cfg.rpn_post_nms_top_n_test
 
@@ -117,9 +152,12 @@ class RegionProposalNetwork(nn.Module):
 
         scores = torch.sigmoid(objectness.gather(1, index))
         picked_deltas = deltas.gather(1, index[..., None].expand(-1, -1, 4))
-        boxes = decode_boxes(picked_deltas[:, :, None], anchors[index], RPN_BOX_WEIGHTS)[:, :, 0]
+        picked_anchors = anchors[index] if anchors.dim() == 2 else anchors.gather(1, index[..., None].expand(-1, -1, 4))
+        boxes = decode_boxes(picked_deltas[:, :, None], picked_anchors, RPN_BOX_WEIGHTS)[:, :, 0]
         boxes = clip_boxes(boxes, image_sizes)
         valid = large_enough(boxes, _MIN_PROPOSAL_SIZE) & (scores >= cfg.rpn_score_thresh)
+        if inside is not None:
+            valid &= inside.gather(1, index)
 
         # NMS within each level; the result is score-ordered, so its first post_nms are the proposals.
         keep, keep_valid = nms_fixed(

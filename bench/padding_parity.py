@@ -1,0 +1,212 @@
+"""Issue 18: detections on canvases larger than torchvision's padding, and what masking costs.
+
+    python bench/padding_parity.py parity [--preset coco_r50_fpn] [--seeds 0,1,2] [--out DIR]
+    python bench/padding_parity.py cost   [--preset coco_r50_fpn] [--rounds 30] [--out DIR]
+
+``parity``: for sample photographs (matplotlib's sample data) cropped and resized to every size
+whose extent (resized size rounded up to ``size_divisible``) is smaller than its canvas bucket
+(1, 15 and 31 px below a multiple of 32, portrait and landscape), compares ``MaskRCNN.predict``
+with torchvision's Mask R-CNN (same weights: ``--weights`` or ``synthetic_weights(cfg, seed)``),
+with masking on and off, for both op impls. One JSON line per (seed, photo, size, impl, masking)
+goes to ``DIR/parity.jsonl`` as soon as it is measured; a rerun skips the lines already there, so
+an interrupted run resumes. ``DIR/parity_summary.json`` aggregates them.
+
+``cost``: latency of the static model with and without masking, eager and inductor
+(``torch.compile(fullgraph=True)``), interleaved round by round in one process (A B B A ...) on one
+batch of textured images; each timed call appends to ``DIR/cost.jsonl`` (rerun: rounds already
+there are skipped) and ``DIR/cost_summary.json`` holds medians. Run it on an idle machine.
+
+The defaults follow the issue: coco_r50_fpn with min_size 320, max_size 533.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from matplotlib import cbook
+from torchvision.io import ImageReadMode, read_image
+
+from mrcnn.backbone import padded_extents
+from mrcnn.config import Config, get_config
+from mrcnn.model import MaskRCNN
+from mrcnn.parity import match_detections
+from mrcnn.reference import torchvision_model
+from mrcnn.transform import resized_size, select_canvas, to_image_batch
+from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+
+PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
+DELTAS = (1, 15, 31)
+
+
+def build_config(preset: str, min_size: int, max_size: int) -> Config:
+    """``preset`` at the issue's sizes, with canvases built as the presets build theirs."""
+    base = get_config(preset)
+    d = base.size_divisible
+
+    def up(x: int) -> int:
+        return -(-x // d) * d
+
+    short, long_, mid = up(min_size), up(max_size), up(round(min_size * 4 / 3))
+    canvases = ((short, short), (short, mid), (short, long_), (mid, short), (long_, short))
+    return base.replace(min_size=min_size, max_size=max_size, canvases=canvases)
+
+
+def off_canvas_sizes(cfg: Config) -> list[tuple[int, int]]:
+    """Resized sizes (scale 1 under the transform) whose extent is smaller than their canvas."""
+    d = cfg.size_divisible
+    found = []
+    for canvas_h, canvas_w in cfg.canvases:
+        for extent in range(max(canvas_h, canvas_w) - d, 0, -d)[:2]:
+            for delta in DELTAS:
+                side = extent - delta
+                for size in ((cfg.min_size, side), (side, cfg.max_size)):
+                    for h, w in (size, size[::-1]):
+                        if h <= 0 or w <= 0 or resized_size(h, w, cfg) != (h, w) or (h, w) in found:
+                            continue
+                        ext = tuple(padded_extents(torch.tensor([h, w]), d).tolist())
+                        if ext != select_canvas([(h, w)], cfg):
+                            found.append((h, w))
+    return found
+
+
+def photo(name: str, size: tuple[int, int]) -> torch.Tensor:
+    """Sample photograph centre-cropped to the aspect of ``size`` and resized to it: [3, h, w] in [0, 1]."""
+    image = read_image(cbook.get_sample_data(name, asfileobj=False), ImageReadMode.RGB).float() / 255
+    (ph, pw), (h, w) = image.shape[-2:], size
+    ch, cw = (pw * h // w, pw) if ph * w > pw * h else (ph, ph * w // h)
+    crop = image[None, :, (ph - ch) // 2 : (ph - ch) // 2 + ch, (pw - cw) // 2 : (pw - cw) // 2 + cw]
+    return F.interpolate(crop, size=size, mode="bilinear", antialias=True, align_corners=False)[0].clamp(0, 1)
+
+
+def _done(path: Path, key: str) -> set:
+    if not path.exists():
+        return set()
+    return {json.loads(line)[key] for line in path.read_text().splitlines() if line.strip()}
+
+
+def _weights(cfg: Config, path: str | None, seed: int) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True) if path else synthetic_weights(cfg, seed)
+
+
+def run_parity(cfg: Config, opts: argparse.Namespace) -> None:
+    out = opts.out / "parity.jsonl"
+    done = _done(out, "key")
+    sizes = off_canvas_sizes(cfg)[: opts.limit or None]
+    for seed in opts.seeds:
+        weights = None
+        for i, size in enumerate(sizes):
+            name = PHOTOS[i % len(PHOTOS)]
+            keys = {(impl, m): f"{seed}:{name}:{size[0]}x{size[1]}:{impl}:{m}" for impl in opts.impls for m in (1, 0)}
+            if all(k in done for k in keys.values()):
+                continue
+            weights = weights or _weights(cfg, opts.weights, seed)
+            tv = torchvision_model(cfg).eval()
+            tv.load_state_dict(weights)
+            image = photo(name, size)
+            with torch.no_grad():
+                ref = tv([image])[0]
+            for (impl, masked), key in keys.items():
+                if key in done:
+                    continue
+                model = MaskRCNN(cfg.replace(ops_impl=impl, mask_padding=bool(masked))).eval()
+                p = match_detections(ref, load_torchvision_weights(model, weights).predict([image])[0])
+                row = dict(key=key, seed=seed, photo=name, size=size, impl=impl, mask_padding=bool(masked),
+                           num_ref=p.num_ref, num_other=p.num_other, matched=p.matched,
+                           mean_mask_iou=float(p.mask_ious.mean()) if p.matched else None)  # fmt: skip
+                with out.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+                print(json.dumps(row), flush=True)
+    summarize_parity(out, opts.out / "parity_summary.json")
+
+
+def summarize_parity(path: Path, dest: Path) -> None:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    summary = {}
+    for impl, masked in sorted({(r["impl"], r["mask_padding"]) for r in rows}):
+        sel = [r for r in rows if r["impl"] == impl and r["mask_padding"] == masked]
+        n_ref, n_other = sum(r["num_ref"] for r in sel), sum(r["num_other"] for r in sel)
+        matched = sum(r["matched"] for r in sel)
+        ious = [r["mean_mask_iou"] for r in sel if r["mean_mask_iou"] is not None]
+        summary[f"{impl}, mask_padding={masked}"] = dict(
+            cases=len(sel), num_ref=n_ref, num_other=n_other,
+            ref_matched=matched / max(n_ref, 1), other_matched=matched / max(n_other, 1),
+            worst_case_matched=min(r["matched"] / max(r["num_ref"], r["num_other"], 1) for r in sel),
+            mean_mask_iou=statistics.fmean(ious) if ious else None,
+        )  # fmt: skip
+    dest.write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
+    """Interleaved latency of masked vs unmasked, eager and inductor, on one off-canvas batch."""
+    out = opts.out / "cost.jsonl"
+    done = _done(out, "key")
+    size = off_canvas_sizes(cfg)[0]
+    weights = _weights(cfg, opts.weights, 0)
+    batch = to_image_batch(textured_images((size,) * opts.batch_size, seed=0), cfg)
+    variants = {}
+    for mode in opts.modes:
+        for masked in (True, False):
+            model = load_torchvision_weights(MaskRCNN(cfg.replace(mask_padding=masked)).eval(), weights)
+            fn = torch.compile(model, fullgraph=True) if mode == "inductor" else model
+            with torch.no_grad():
+                for _ in range(opts.warmup):
+                    fn(batch)
+            variants[f"{mode}:mask_padding={masked}"] = fn
+    names = list(variants)
+    for r in range(opts.rounds):
+        order = names if r % 2 == 0 else names[::-1]  # A B, then B A: drifts in load hit both alike
+        for name in order:
+            key = f"{r}:{name}"
+            if key in done:
+                continue
+            with torch.no_grad():
+                t0 = time.perf_counter()
+                variants[name](batch)
+                seconds = time.perf_counter() - t0
+            with out.open("a") as f:
+                f.write(json.dumps(dict(key=key, round=r, variant=name, seconds=seconds)) + "\n")
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    summary = {
+        "canvas": list(batch.tensors.shape[-2:]), "size": list(size), "batch_size": opts.batch_size,
+        "threads": torch.get_num_threads(),
+        "median_seconds": {n: statistics.median(r["seconds"] for r in rows if r["variant"] == n) for n in names},
+    }  # fmt: skip
+    (opts.out / "cost_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("parity", "cost"))
+    parser.add_argument("--preset", default="coco_r50_fpn")
+    parser.add_argument("--min-size", type=int, default=320)
+    parser.add_argument("--max-size", type=int, default=533)
+    parser.add_argument("--weights", default=None, help="torchvision Mask R-CNN state_dict (default: synthetic)")
+    parser.add_argument("--seeds", default="0,1,2", help="synthetic-weight seeds (parity)")
+    parser.add_argument("--impls", default="torchvision,tensor", help="ops_impl values (parity)")
+    parser.add_argument("--limit", type=int, default=0, help="first N sizes only (0: all; parity)")
+    parser.add_argument("--modes", default="eager,inductor", help="cost: eager and/or inductor")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=Path("results/padding_parity"))
+    opts = parser.parse_args()
+    opts.seeds = [int(s) for s in opts.seeds.split(",")]
+    opts.impls, opts.modes = opts.impls.split(","), opts.modes.split(",")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
+    opts.out.mkdir(parents=True, exist_ok=True)
+    cfg = build_config(opts.preset, opts.min_size, opts.max_size)
+    (run_parity if opts.what == "parity" else run_cost)(cfg, opts)
+
+
+if __name__ == "__main__":
+    main()
