@@ -106,9 +106,13 @@ def masked_features(backbone: BackboneWithFPN, images: Tensor, extents: Tensor) 
     torchvision's on that image padded only to its extent.
     """
     canvas = (images.shape[-2], images.shape[-1])
+    masks: dict[tuple[int, torch.dtype], Tensor] = {}  # one per stride: every 3x3 of a stage shares it
 
     def zero(x: Tensor) -> Tensor:
-        return x * extent_mask(x, extents, canvas)
+        key = (level_stride(canvas[0], x.shape[-2]), x.dtype)
+        if key not in masks:
+            masks[key] = extent_mask(x, extents, canvas)
+        return x * masks[key]
 
     body = backbone.body
     x = body.relu(body.bn1(body.conv1(zero(images))))
