@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv bench test unit bench-quick gate lint asv-same asv-commits asv-publish clean
+.PHONY: venv bench test unit bench-quick gate lint asv-fixture asv-scratch asv-same asv-commits asv-history \
+	asv-spread asv-publish asv-serve clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,17 +41,45 @@ gate: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# asv: the current checkout in this venv, or a range of commits in asv's own environment.
-asv-same: $(STAMP)
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) --quick --show-stderr
+# asv: every figure tracked across commits (bench/asv_suite; results/asv/README.md). Each commit
+# is measured once, each case against the ruler in its own process; asv-fixture trains the fixed
+# checkpoint whose AP each commit's inference scores (once per machine, cached in .asv/fixtures).
+# main's history starts at the commit that landed the harness's current layout; the scratch range
+# (bench/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
+HISTORY_FROM := 25ad72d
+SCRATCH_RANGE := asv-scratch~7..asv-scratch
 
-asv-commits: $(STAMP)
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --show-stderr $(or $(RANGE),HEAD~2..HEAD)
+asv-fixture: $(STAMP)
+	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make
 
-asv-publish: $(STAMP)
+asv-scratch: $(STAMP)
+	$(PY) bench/asv_scratch.py
+
+asv-same: asv-fixture
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
+
+asv-commits: asv-fixture
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(or $(RANGE),HEAD~2..HEAD)
+
+# main's history and the scratch range; resumable (commits already measured are skipped).
+asv-history: asv-fixture asv-scratch
+	$(VENV)/bin/asv machine --yes
+	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
+	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(HISTORY_FROM)^..main
+
+# The same commit measured 3 times: the A/A spread of each tracked figure (results/asv/aa).
+asv-spread: asv-fixture
+	PYTHONPATH=bench $(PY) bench/history_spread.py --runs 3 --out results/asv/aa
+
+asv-publish: asv-scratch
 	$(VENV)/bin/asv publish
+	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
+
+# The dashboard on http://127.0.0.1:8080 (works with no network: its scripts are in results/html).
+asv-serve:
+	$(VENV)/bin/asv preview
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .benchmarks .asv out

@@ -1,112 +1,181 @@
-"""asv benchmarks: thin wrappers over the quick cases of :mod:`mrcnn_bench.cases`.
+"""asv benchmarks: every figure the harness tracks across commits, read from one measurement per commit.
 
-asv runs each benchmark in a fresh process and calls ``setup`` there, so every number below is
-from a process that built its case from scratch.
+asv calls ``setup_cache`` of :class:`_Commit` once per commit (every class below inherits it, and
+asv keys the cache by the method's source line, so they all share it). It runs
+:func:`mrcnn_bench.history.measure_commit`: each tracked case timed against the ruler in its own
+process, the compile probes, and the fixed checkpoint's AP. The ``track_`` methods only read that
+record, so no benchmark recompiles the model and no compilation can fall inside a timed sample.
 
-asv assumes lower is better. Every metric here is therefore stated in its lower-is-better form:
-seconds per call, seconds per training image (not images/s), compilations, GB, and
-``1 - AP`` (not AP), each with its unit saying so.
+asv treats larger as worse, so each metric is in its lower-is-better form and its unit says so.
+The ratios to the ruler are the figures to read across commits; raw seconds drift with the machine
+and are kept for reference only. Why rounds, repeat and processes are set as they are:
+results/asv/README.md.
 """
 
 from __future__ import annotations
 
 import os
-import time
+from pathlib import Path
+from typing import Any
 
-from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD, TRAIN_BATCH, Row
-from mrcnn_bench.compile_probe import measure_case
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.cases import CASES, TRACKED
+from mrcnn_bench.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
+from mrcnn_bench.history import Part, compiled, measure_commit
 
-INFERENCE = [n for n in QUICK if CASES[n].phase == "inference"]
-TRAINING = [n for n in QUICK if CASES[n].phase == "training"]
-COMPILED = [n for n in INFERENCE if CASES[n].backend == "xla" or CASES[n].compiler == "inductor"]
+REPO = Path(__file__).resolve().parents[2]
+
+INFERENCE = [n for n in TRACKED if CASES[n].phase == "inference"]
+TRAINING = [n for n in TRACKED if CASES[n].phase == "training"]
+COMPILED = [n for n in TRACKED if compiled(n)]
+# Counter name -> the cases whose backend or compiler has it (the others are skipped).
+COUNTERS = {
+    "xla_compiles": "uncached_compile",
+    "fallback_ops": "fallback_ops",
+    "graphs": "unique_graphs",
+    "graph_breaks": "graph_breaks",
+    "recompiles": "recompiles",
+}
+RATIO_UNIT = "ratio to the ruler (torchvision eager, fixed across commits) in the same rounds; lower is better"
+
+Cache = dict[str, Any]
 
 
-def build(name: str) -> tuple[Pipeline, float]:
-    """The case built and called once; returns it and its first call's seconds (compilation included)."""
-    case = CASES[name]
-    reason = case.skip_reason()
+def _part(cache: Cache, kind: str, case: str = "") -> Part:
+    d = cache[kind] if kind == "accuracy" else cache[kind].get(case)
+    if d is None:
+        raise NotImplementedError(f"{case}: not measured")
+    return Part(**d)
+
+
+def _skip_unless_measured(cache: Cache, kind: str, case: str = "") -> None:
+    """asv reports a benchmark whose ``setup`` raises NotImplementedError as skipped, not failed."""
+    reason = CASES[case].skip_reason() if case else None
     if reason:
-        raise NotImplementedError(reason)  # asv reports the benchmark as skipped
-    ctx, _ = make_context(ContextOptions(QUICK_WORKLOAD, seed=0, threads=len(os.sched_getaffinity(0)),
-                                         need_training=case.phase == "training"))
-    pipeline = Pipeline(Row(case), ctx)
-    pipeline.setup()
-    t0 = time.perf_counter()
-    pipeline.call(0)
-    return pipeline, time.perf_counter() - t0
+        raise NotImplementedError(f"{case}: {reason}")
+    part = _part(cache, kind, case)
+    if part.skipped:
+        raise NotImplementedError(part.error)
 
 
-class Inference:
-    """Per-call latency of the quick inference cases (tiny preset, 240x320, batch 1)."""
+class _Commit:
+    """The one measurement of a commit. Its own repetition is inside: ``rounds`` interleaved rounds
+    per case (:data:`mrcnn_bench.interleaved.DEFAULT_ROUNDS`); asv runs each ``track_`` once."""
+
+    timeout = 3600  # setup_cache: every part of the commit, one after another
+    repeat = 1
+    rounds = 1
+    number = 1
+    processes = 1
+    warmup_time = 0
+
+    def setup_cache(self) -> Cache:
+        # asv runs this in a temporary folder: the fixture's default path is the repository's.
+        os.environ.setdefault(FIXTURE_ENV, str(REPO / DEFAULT_ROOT))
+        return measure_commit().to_dict()
+
+
+class Latency(_Commit):
+    """Inference, one image per call (tiny preset, the ruler's 240x320 images)."""
 
     params = INFERENCE
     param_names = ("case",)
-    number = 1
-    repeat = (3, 7, 60.0)
-    processes = 1  # one fresh process per benchmark and case; across commits, asv find re-measures
-    warmup_time = 0
-    timeout = 900
 
-    def setup(self, case: str) -> None:
-        self.pipeline, self.first_s = build(case)
+    def setup(self, cache: Cache, case: str) -> None:
+        _skip_unless_measured(cache, "timing", case)
 
-    def time_call(self, case: str) -> None:
-        self.pipeline.call(1)
+    def track_ratio(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("ratio_median")
 
-    def peakmem_call(self, case: str) -> None:
-        self.pipeline.call(1)
+    track_ratio.unit = RATIO_UNIT
 
-    def track_first_result(self, case: str) -> float:
-        return self.first_s
+    def track_seconds(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("seconds_median")
 
-    track_first_result.unit = "seconds (first call, compilation included)"
+    track_seconds.unit = "seconds per image, raw median (drifts with the machine: read the ratio)"
 
+    def track_first_result(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("first_result_s")
 
-class Compiles:
-    """Compilations after one call on each of seven image sizes in two canvas buckets (exact)."""
+    track_first_result.unit = "seconds to the first result (first call, compilation included)"
 
-    params = COMPILED
-    param_names = ("case",)
-    processes = 1  # the count is exact: one process is enough
-    timeout = 900
+    def track_peak_memory(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("peak_memory_gb")
 
-    def setup(self, case: str) -> None:
-        reason = CASES[case].skip_reason()
-        if reason:
-            raise NotImplementedError(reason)
+    track_peak_memory.unit = "GB peak memory over calls after warm-up (RSS on CPU/XLA:CPU, allocated on CUDA)"
 
-    def track_compilations(self, case: str) -> float:
-        counts = measure_case(case, QUICK_WORKLOAD.preset)
-        return float(counts.get("uncached_compile", counts.get("unique_graphs", 0)))
+    def track_flops(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("flops")
 
-    track_compilations.unit = "compilations"
-    # asv versions a benchmark by its code's hash; only an import moved (gate -> compile_probe), the
-    # measurement is the same, so the recorded history (results/asv) stays this benchmark's.
-    track_compilations.version = "8c03746b526141e3d4cb280a11d26ef35d6ac8b35543a6a3620bca44d352c804"
+    track_flops.unit = "FLOPs per call (FlopCounterMode, eager CPU model)"
+
+    def track_load(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("loadavg_after")
+
+    track_load.unit = "load average (1 min) after the rounds: context for the raw seconds, not a metric"
 
 
-class Training:
-    """Training step time at batch TRAIN_BATCH (tiny preset)."""
+class Training(_Commit):
+    """One SGD step on two images (tiny preset)."""
 
     params = TRAINING
     param_names = ("case",)
-    number = 1
-    repeat = (3, 5, 60.0)
-    processes = 1
-    warmup_time = 0
-    timeout = 900
 
-    def setup(self, case: str) -> None:
-        self.pipeline, _ = build(case)
+    def setup(self, cache: Cache, case: str) -> None:
+        _skip_unless_measured(cache, "timing", case)
 
-    def time_step(self, case: str) -> None:
-        self.pipeline.call(1)
+    def track_ratio(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("ratio_median")
 
-    def track_seconds_per_image(self, case: str) -> float:
-        t0 = time.perf_counter()
-        self.pipeline.call(1)
-        return (time.perf_counter() - t0) / TRAIN_BATCH
+    track_ratio.unit = RATIO_UNIT.replace("eager", "training step")
 
-    track_seconds_per_image.unit = "seconds per training image (1 / throughput)"
+    def track_seconds_per_image(self, cache: Cache, case: str) -> float:
+        part = _part(cache, "timing", case)
+        return part.value("seconds_median") / part.value("images_per_call")
+
+    track_seconds_per_image.unit = "seconds per training image, raw median step / batch (1 / throughput)"
+
+    def track_first_result(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("first_result_s")
+
+    track_first_result.unit = "seconds to the first step (compilation included)"
+
+    def track_peak_memory(self, cache: Cache, case: str) -> float:
+        return _part(cache, "timing", case).value("peak_memory_gb")
+
+    track_peak_memory.unit = "GB peak memory over steps after warm-up (RSS on CPU, allocated on CUDA)"
+
+
+class Compiles(_Commit):
+    """The backends' own compile counters after one call per gate size (seven sizes, two canvases)."""
+
+    params = (COMPILED, list(COUNTERS))
+    param_names = ("case", "counter")
+
+    def setup(self, cache: Cache, case: str, counter: str) -> None:
+        _skip_unless_measured(cache, "compiles", case)
+        record = _part(cache, "compiles", case).record
+        if record is not None and COUNTERS[counter] not in record:
+            raise NotImplementedError(f"{case} has no {counter} counter")
+
+    def track_count(self, cache: Cache, case: str, counter: str) -> float:
+        return _part(cache, "compiles", case).value(COUNTERS[counter])
+
+    track_count.unit = "count (exact; any increase is a regression)"
+
+
+class Accuracy(_Commit):
+    """The fixed checkpoint (torchvision's model trained once on the ci recipe) through the commit's
+    static inference, scored by pycocotools on the fixed images."""
+
+    def setup(self, cache: Cache) -> None:
+        _skip_unless_measured(cache, "accuracy")
+
+    def track_box_error(self, cache: Cache) -> float:
+        return 1.0 - _part(cache, "accuracy").value("box_ap")
+
+    track_box_error.unit = "1 - box AP@[.5:.95]"
+
+    def track_mask_error(self, cache: Cache) -> float:
+        return 1.0 - _part(cache, "accuracy").value("mask_ap")
+
+    track_mask_error.unit = "1 - mask AP@[.5:.95]"

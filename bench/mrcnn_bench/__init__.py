@@ -13,7 +13,10 @@ Modules, each importing only those above it (no cycles):
     runner                        the interleaved run loop (RunOptions -> RunOutput)
     ab, compile_probe, gate       compare A B (CompareOptions); the merge gate (GateOptions)
     cli                           ``mrcnn-bench``: the only module that reads argv
+    ruler, interleaved            the history across commits: a fixed torchvision ruler; one case timed against it
+    fixed_accuracy, history       the fixed checkpoint's AP; one commit measured, each part in its own process
+    npm_registry, offline_html    asv's published pages made to load with no network (npm-vendored scripts)
 
-asv (``bench/asv_suite``) and pytest-benchmark (``bench/test_*.py``) are thin front ends over
-:mod:`mrcnn_bench.cases` and :mod:`mrcnn_bench.pipelines`.
+asv (``bench/asv_suite``, over :mod:`mrcnn_bench.history`) and pytest-benchmark
+(``bench/test_*.py``) are thin front ends over :mod:`mrcnn_bench.cases` and :mod:`mrcnn_bench.pipelines`.
 """

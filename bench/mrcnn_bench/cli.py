@@ -306,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables and plots of run files, and the HTML dashboard over them")
     p.add_argument("paths", nargs="+", help="run files or folders of them (several machines merge)")
-    p.add_argument("--out", default="results/html/report", help="output folder (default: results/html/report)")
+    p.add_argument("--out", default="results/report",
+                   help="output folder (default: results/report; not under results/html, which asv publish empties)")
     p.set_defaults(func=cmd_report)
     return parser
 

@@ -78,7 +78,7 @@ def build(paths: list[str], out_dir: Path) -> list[Path]:
 td,th{{border:1px solid #ccc;padding:3px 6px}} th{{background:#f0f0f0}}</style></head><body>
 <h1>Static Mask R-CNN against torchvision: all runs</h1>
 <p>Median seconds per call (ratio to the same run's torchvision eager; for training rows, to torchvision's
-training step). Across commits over time, see the asv dashboard (<a href="../index.html">results/html</a>).</p>
+training step). Across commits over time, see the asv dashboard (<a href="../html/index.html">results/html</a>).</p>
 {merged.to_html()}
 <h2>Runs</h2><ul>{''.join(links)}</ul>
 <p>Every record, with its environment: <a href="all_records.csv">all_records.csv</a>.</p></body></html>

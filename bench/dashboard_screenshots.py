@@ -1,0 +1,169 @@
+"""Screenshots of the published asv dashboard in headless Chromium with no network: proof that it renders.
+
+    python bench/dashboard_screenshots.py [--html-dir results/html] [--out results/asv/screenshots]
+
+Serves ``--html-dir`` over http on 127.0.0.1 (a free port, in a thread: the pages load their JSON
+with XHR, which Chromium refuses over ``file://``), then runs Chromium headless with every host
+but 127.0.0.1 made unresolvable (``--host-resolver-rules``), the way a machine with no internet
+sees the page. Anything still loaded from a CDN fails there, and asv then sends the browser to its
+error page, so the screenshots show whether the folder stands alone (see
+:mod:`mrcnn_bench.offline_html`). ``--virtual-time-budget`` lets the scripts, XHRs and the graph
+drawing finish before the capture without a fixed sleep.
+
+Writes into ``--out``: ``index.png`` (the benchmark grid), ``graph.png`` (the first benchmark of
+``index.json``, or ``--benchmark``, at the URL asv's own links use), ``regressions.png``, ``index.dom.html`` (the index
+DOM after the scripts ran) and ``commands.txt`` (the exact command lines). Exits 1 if the DOM shows
+asv's "dependencies failed to load" error page or lists no benchmark (the scripts did not run),
+2 if there is nothing to serve or no Chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+# Every host unresolvable but the local server: the page sees a machine with no internet.
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+         "--window-size=1400,1000", "--virtual-time-budget=15000"]
+CHROMIUM_TIMEOUT_S = 180
+# What the DOM holds when a dependency failed: asv's error.html (its onerror handlers redirect
+# there), and the wording this check was asked for, should a later asv show it inline.
+FAILURE_MARKERS = ("JavaScript dependencies failed to load", "dependencies of airspeed velocity failed to load",
+                   "Can not determine continental origin of swallow")
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # the browser left mid-file (a redirect)
+            super().handle_error(request, client_address)
+
+
+@contextmanager
+def serve(folder: Path) -> Iterator[str]:
+    """``folder`` over http on 127.0.0.1, a free port, in a daemon thread; yields its base URL."""
+    handler = functools.partial(_QuietHandler, directory=str(folder))
+    server = _Server(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def _encode(value: str) -> str:
+    """JavaScript's ``encodeURIComponent``, which asv's ``format_hash_string`` uses."""
+    return urllib.parse.quote(value, safe="-_.!~*'()")
+
+
+def graph_hash(index: dict, name: str) -> str:
+    """The hash of ``name``'s graph page, as asv.js builds it (summarylist.js, ``format_hash_string``).
+
+    ``#<name>?`` then ``key=value`` pairs joined by ``&``: each machine/environment parameter with
+    more than one value (its first), then ``p-<param>`` with the first value of each benchmark
+    parameter. The name itself is not escaped, as in asv.js.
+    """
+    params = [(key, values[0]) for key, values in index.get("params", {}).items() if len(values) > 1]
+    benchmark = index["benchmarks"][name]
+    params += [(f"p-{param}", values[0]) for param, values in
+               zip(benchmark.get("param_names", []), benchmark.get("params", []))]
+    return f"#{name}?" + "&".join(f"{_encode(k)}={_encode('[none]' if v is None else str(v))}" for k, v in params)
+
+
+def find_chromium(name: str | None) -> str:
+    for candidate in (name,) if name else CHROMIUM_NAMES:
+        path = shutil.which(candidate)
+        if path:
+            return path
+    raise SystemExit(f"dashboard_screenshots: no Chromium found ({name or ', '.join(CHROMIUM_NAMES)}); "
+                     "on Debian: apt-get install chromium")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--html-dir", type=Path, default=Path("results/html"), help="default: results/html")
+    parser.add_argument("--out", type=Path, default=Path("results/asv/screenshots"),
+                        help="default: results/asv/screenshots")
+    parser.add_argument("--benchmark", default=None,
+                        help="the benchmark of graph.png (default: the first in index.json)")
+    parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
+                        + ", ".join(CHROMIUM_NAMES) + " on PATH)")
+    args = parser.parse_args(argv)
+    index_json = args.html_dir / "index.json"
+    if not (args.html_dir / "index.html").is_file() or not index_json.is_file():
+        print(f"dashboard_screenshots: no index.html and index.json in {args.html_dir} (run make asv-publish)",
+              file=sys.stderr)
+        return 2
+    try:
+        chromium = find_chromium(args.chromium)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 2
+    index = json.loads(index_json.read_text())
+    if not index.get("benchmarks"):
+        print(f"dashboard_screenshots: {index_json} lists no benchmarks", file=sys.stderr)
+        return 2
+    first = next(iter(index["benchmarks"]))
+    graphed = args.benchmark or first
+    if graphed not in index["benchmarks"]:
+        print(f"dashboard_screenshots: no benchmark {graphed} in {index_json}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    commands: list[str] = []
+
+    def chromium_run(*extra: str) -> str:
+        command = [chromium, *FLAGS, *extra]
+        commands.append(shlex.join(command))
+        done = subprocess.run(command, capture_output=True, text=True, timeout=CHROMIUM_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"chromium exited {done.returncode}: {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    try:
+        with serve(args.html_dir) as base:
+            pages = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed),
+                     "regressions": "index.html#regressions"}
+            for name, page in pages.items():
+                chromium_run(f"--screenshot={args.out / (name + '.png')}", base + page)
+            dom = chromium_run("--dump-dom", base + "index.html")
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        print(f"dashboard_screenshots: {e}", file=sys.stderr)
+        return 2
+    finally:
+        # The port changes with each run; the commands are kept as run, for the record.
+        (args.out / "commands.txt").write_text("\n".join(commands) + "\n")
+    (args.out / "index.dom.html").write_text(dom)
+    failed = [m for m in FAILURE_MARKERS if m in dom]
+    listed = f'href="#{first}"' in dom  # summarygrid.js links every benchmark: the scripts ran
+    for name in pages:
+        print(f"dashboard_screenshots: {args.out / (name + '.png')}")
+    if failed or not listed:
+        why = f"the DOM shows {failed[0]!r}" if failed else f"the benchmark grid does not list {first}"
+        print(f"dashboard_screenshots: the dashboard did not render: {why} (see {args.out / 'index.dom.html'})",
+              file=sys.stderr)
+        return 1
+    print(f"dashboard_screenshots: rendered with no network; the grid lists {first} and the other benchmarks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

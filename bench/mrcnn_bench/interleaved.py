@@ -1,0 +1,176 @@
+"""One case timed against the ruler, round by round, in one process: what asv tracks across commits.
+
+``python -m mrcnn_bench.interleaved CASE OUT.json [--rounds N]`` builds the case (the first call,
+compilation included, is its time to first result), calls every distinct input once more so that
+no compilation can fall in a timed round, then runs ``N`` rounds of one ruler call and one case
+call, alternating which goes first. The record holds the median of the per-round ratios (case /
+ruler), the raw medians, the peak memory of the case's own calls after warm-up, FLOPs per call and
+the load average around the rounds.
+
+Each case gets its own process (asv's ``setup_cache`` starts one per case), so no case's compiled
+code, caches or allocator state can change another's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ROUNDS = 20  # why this many: results/asv/README.md (A/A spread over repeated runs)
+
+
+@dataclass(frozen=True)
+class CaseRecord:
+    """What one case measured against the ruler. Seconds are per call (inference: one image;
+    training: one step of ``images_per_call`` images)."""
+
+    case: str
+    phase: str
+    rounds: int  # timed rounds: each figure below except the first result rests on this many samples
+    threads: int
+    images_per_call: int
+    ratio_median: float  # median over rounds of case seconds / ruler seconds (same round)
+    ratio_q1: float
+    ratio_q3: float
+    seconds_median: float  # raw: drifts with the machine, kept for reference
+    ruler_seconds_median: float
+    first_result_s: float  # set-up excluded; the first call with its compilation
+    peak_memory_gb: float  # over the case's calls after warm-up: peak RSS (CPU, XLA:CPU) or allocated (CUDA)
+    flops: float | None  # per call, eager CPU model (FlopCounterMode); None for training
+    loadavg_before: float
+    loadavg_after: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CaseRecord:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+
+
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        v = float(values[0])
+        return v, v, v
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def _timed(fn: Callable[[int], Any], index: int) -> float:
+    t0 = time.perf_counter()
+    fn(index)
+    return time.perf_counter() - t0
+
+
+def interleave(
+    case_call: Callable[[int], Any], ruler_call: Callable[[int], Any], rounds: int
+) -> tuple[list[float], list[float]]:
+    """``rounds`` rounds of one call each, the order alternating; returns (case seconds, ruler seconds)."""
+    case_s, ruler_s = [], []
+    for r in range(rounds):
+        if r % 2:
+            case_s.append(_timed(case_call, r))
+            ruler_s.append(_timed(ruler_call, r))
+        else:
+            ruler_s.append(_timed(ruler_call, r))
+            case_s.append(_timed(case_call, r))
+    return case_s, ruler_s
+
+
+def measure(case_name: str, rounds: int = DEFAULT_ROUNDS, threads: int | None = None) -> CaseRecord:
+    """Build ``case_name`` on the quick workload, with the ruler's images, and time it against the ruler."""
+    # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
+    import torch
+
+    from mrcnn_bench import backends
+    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRAIN_BATCH, Row
+    from mrcnn_bench.context import ContextOptions, make_context
+    from mrcnn_bench.pipelines import Pipeline
+    from mrcnn_bench.probes import case_flops
+    from mrcnn_bench.ruler import IMAGE_SIZE, Ruler, ruler_images
+
+    if rounds < 3:
+        raise ValueError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
+    if case_name not in CASES:
+        raise ValueError(f"unknown case {case_name!r}; choose from {sorted(CASES)}")
+    case = CASES[case_name]
+    reason = case.skip_reason()
+    if reason:
+        raise NotImplementedError(f"{case_name}: {reason}")
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    training = case.phase == "training"
+    workload = dataclasses.replace(QUICK_WORKLOAD, image_size=IMAGE_SIZE)
+    ctx, _ = make_context(ContextOptions(workload, seed=0, threads=threads, need_training=training))
+    # The ruler's images, not the commit's generator: every commit times the same pixels.
+    ctx.images = ruler_images(workload.images)
+    ruler = Ruler(case.phase)
+    pipeline = Pipeline(Row(case), ctx)
+    pipeline.setup()
+    first = _timed(pipeline.call, 0)
+    for index in range(1, workload.images + 1):  # every distinct input, so no compile lands in a round
+        pipeline.call(index)
+        ruler.call(index)
+    load_before = os.getloadavg()[0]
+    case_s, ruler_s = interleave(pipeline.call, ruler.call, rounds)
+    load_after = os.getloadavg()[0]
+
+    # Memory of the case's own calls: after the rounds, so that resetting the counters cannot
+    # perturb a timed call; the ruler is not called here.
+    dev = backends.device(case.backend)
+    backends.memory_reset(dev)
+    for index in range(workload.images):
+        pipeline.call(index)
+    peak = backends.memory_peak(dev)
+    flops = None if training else case_flops(Row(case), ctx)
+
+    ratios = [c / r for c, r in zip(case_s, ruler_s, strict=True)]
+    q1, med, q3 = _quartiles(ratios)
+    return CaseRecord(
+        case=case_name,
+        phase=case.phase,
+        rounds=rounds,
+        threads=threads,
+        images_per_call=TRAIN_BATCH if training else workload.batch_size,
+        ratio_median=med,
+        ratio_q1=q1,
+        ratio_q3=q3,
+        seconds_median=statistics.median(case_s),
+        ruler_seconds_median=statistics.median(ruler_s),
+        first_result_s=first,
+        peak_memory_gb=peak,
+        flops=flops,
+        loadavg_before=load_before,
+        loadavg_after=load_after,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.interleaved", description=__doc__.split("\n")[0])
+    parser.add_argument("case", help="a case name, e.g. static/eager")
+    parser.add_argument("out", type=Path, help="the record is written here as JSON")
+    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help=f"timed rounds (default {DEFAULT_ROUNDS})")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: the CPUs this process may use)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        record = measure(args.case, args.rounds, args.threads)
+    except (ValueError, NotImplementedError) as e:
+        print(f"mrcnn_bench.interleaved: {e}", file=sys.stderr)
+        return 2
+    args.out.write_text(json.dumps(record.to_dict(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The history across commits: the ruler, one case against it, the parts of a commit, the asv suite's reading."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from mrcnn_bench import fixed_accuracy, history, interleaved, ruler  # noqa: E402
+
+
+def test_ruler_never_imports_the_library():
+    """A commit that edits mrcnn must not move the ruler: nothing of it may come from mrcnn."""
+    tree = ast.parse((ROOT / "bench/mrcnn_bench/ruler.py").read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert imported and not [m for m in imported if m and m.split(".")[0] in ("mrcnn", "mrcnn_bench")]
+
+
+def test_ruler_is_the_same_every_time_and_detects_finite_boxes():
+    a, b = ruler.ruler_model().state_dict(), ruler.ruler_model().state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert all(torch.equal(x, y) for x, y in zip(ruler.ruler_images(), ruler.ruler_images(), strict=True))
+    state = torch.get_rng_state()
+    out = ruler.Ruler().call(0)[0]
+    assert torch.equal(state, torch.get_rng_state())  # building it leaves the caller's RNG alone
+    assert len(out["boxes"]) > 0 and torch.isfinite(out["boxes"]).all()
+
+
+def test_ruler_training_step_leaves_the_weights_unchanged():
+    r = ruler.Ruler("training")
+    before = {k: v.clone() for k, v in r.model.state_dict().items()}
+    r.call(0)
+    assert all(torch.equal(before[k], v) for k, v in r.model.state_dict().items())
+    with pytest.raises(ValueError, match="phase"):
+        ruler.Ruler("serving")
+
+
+def test_interleave_alternates_which_goes_first():
+    order: list[str] = []
+    case_s, ruler_s = interleaved.interleave(lambda i: order.append("case"), lambda i: order.append("ruler"), 4)
+    assert order == ["ruler", "case", "case", "ruler", "ruler", "case", "case", "ruler"]
+    assert len(case_s) == len(ruler_s) == 4
+
+
+def test_measure_one_case_against_the_ruler():
+    record = interleaved.measure("static/eager", rounds=3, threads=1)
+    assert record.rounds == 3 and record.threads == 1 and record.phase == "inference"
+    assert 0 < record.ratio_q1 <= record.ratio_median <= record.ratio_q3
+    assert record.seconds_median > 0 and record.ruler_seconds_median > 0 and record.first_result_s > 0
+    assert record.flops and record.flops > 1e9
+    assert interleaved.CaseRecord.from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    with pytest.raises(ValueError, match="rounds"):
+        interleaved.measure("static/eager", rounds=2)
+    with pytest.raises(ValueError, match="unknown case"):
+        interleaved.measure("static/nope")
+
+
+def test_run_part_tells_cannot_run_here_from_failed(tmp_path):
+    skipped = history.run_part(["mrcnn_bench.fixed_accuracy", "evaluate", "--root", str(tmp_path / "none")])
+    assert skipped.skipped and skipped.record is None and "make asv-fixture" in skipped.error
+    failed = history.run_part(["mrcnn_bench.compile_probe", "static/nope", "tiny"])
+    assert not failed.skipped and failed.record is None and "static/nope" in failed.error
+    with pytest.raises(RuntimeError, match="static/nope"):
+        failed.value("uncached_compile")
+
+
+def test_fixture_scores_this_checkout(tmp_path):
+    """The accuracy part end to end on a two-image fixture (random weights: any AP in [0, 1])."""
+    from mrcnn.data.synthetic import generate
+    from mrcnn.recipes import get_recipe
+    from mrcnn.weights import synthetic_weights
+
+    fixture = fixed_accuracy.Fixture(tmp_path)
+    assert not fixture.ready() and "make asv-fixture" in fixture.missing_reason()
+    generate(tmp_path / "data" / "set", 2, seed=0, split="train", progress=False)
+    torch.save(synthetic_weights(get_recipe("ci").config()), fixture.model)
+    fixture.meta.write_text(
+        json.dumps({"recipe": "ci", "data_root": "data/set", "split": "train", "model_sha256": "x"})
+    )
+    record = fixed_accuracy.evaluate_fixture(fixture, threads=1)
+    assert record.images == 2 and 0.0 <= record.box_ap <= 1.0 and 0.0 <= record.mask_ap <= 1.0
+
+
+@pytest.fixture
+def suite():
+    sys.path.insert(0, str(ROOT / "bench" / "asv_suite"))
+    try:
+        yield importlib.import_module("benchmarks")
+    finally:
+        sys.path.remove(str(ROOT / "bench" / "asv_suite"))
+
+
+def _part(record=None, error=None, skipped=False):
+    return {"record": record, "error": error, "seconds": 1.0, "skipped": skipped}
+
+
+def test_asv_suite_reads_one_record_per_commit(suite):
+    cache = {
+        "timing": {
+            "static/eager": _part(
+                {
+                    "ratio_median": 0.8,
+                    "seconds_median": 0.2,
+                    "first_result_s": 1.0,
+                    "peak_memory_gb": 1.5,
+                    "flops": 1e10,
+                    "loadavg_after": 1.0,
+                }
+            ),
+            "static/xla": _part(error="interleaved static/xla exited 1: boom"),
+            "torchvision/eager": _part(error="cannot run here", skipped=True),
+            "static/train": _part({"ratio_median": 1.1, "seconds_median": 1.0, "images_per_call": 2}),
+        },
+        "compiles": {"static/xla": _part({"uncached_compile": 2, "fallback_ops": 0})},
+        "accuracy": _part({"box_ap": 0.8, "mask_ap": 0.6}),
+    }
+    latency, training, compiles, accuracy = suite.Latency(), suite.Training(), suite.Compiles(), suite.Accuracy()
+    latency.setup(cache, "static/eager")
+    assert latency.track_ratio(cache, "static/eager") == 0.8
+    assert latency.track_seconds(cache, "static/eager") == 0.2
+    with pytest.raises(NotImplementedError, match="cannot run here"):  # asv: skipped
+        latency.setup(cache, "torchvision/eager")
+    with pytest.raises(RuntimeError, match="boom"):  # asv: failed, never a number
+        latency.track_ratio(cache, "static/xla")
+    assert training.track_seconds_per_image(cache, "static/train") == 0.5
+    assert compiles.track_count(cache, "static/xla", "xla_compiles") == 2
+    with pytest.raises(NotImplementedError, match="no graphs counter"):
+        compiles.setup(cache, "static/xla", "graphs")
+    assert accuracy.track_box_error(cache) == pytest.approx(0.2)
+    assert accuracy.track_mask_error(cache) == pytest.approx(0.4)
+    for method in (suite.Latency.track_ratio, suite.Training.track_ratio):
+        assert "lower is better" in method.unit
+
+
+def test_asv_suite_shares_one_measurement_per_commit(suite):
+    """asv keys setup_cache by its source line: every class must inherit the same one."""
+    classes = [suite.Latency, suite.Training, suite.Compiles, suite.Accuracy]
+    assert {c.setup_cache for c in classes} == {suite._Commit.setup_cache}
+
+
+def test_spread_summary_of_repeated_runs(tmp_path):
+    spec = importlib.util.spec_from_file_location("history_spread", ROOT / "bench" / "history_spread.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for k, (ratio, seconds) in enumerate(((1.00, 0.20), (1.02, 0.25), (0.99, 0.30)), 1):
+        record = {
+            "ratio_median": ratio,
+            "seconds_median": seconds,
+            "ruler_seconds_median": seconds / ratio,
+            "first_result_s": 1.0,
+            "peak_memory_gb": 1.0,
+            "loadavg_after": 0.5,
+        }
+        run = {"timing": {"static/eager": _part(record)}, "compiles": {}, "accuracy": _part(skipped=True)}
+        (tmp_path / f"run_{k}.json").write_text(json.dumps(run))
+    table = module.summarise(tmp_path)
+    assert table.loc["static/eager ratio", "spread"] == pytest.approx(0.03 / 1.00)
+    assert table.loc["static/eager seconds", "spread"] == pytest.approx(0.10 / 0.25)
+    assert (tmp_path / "spread.md").read_text().startswith("# A/A spread over 3 runs")
