@@ -77,9 +77,12 @@ asv-publish: asv-scratch
 	$(VENV)/bin/asv publish
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
 
-# The dashboard on http://127.0.0.1:8080 (works with no network: its scripts are in results/html).
+# The dashboard on http://127.0.0.1:8080, this machine only (no network needed: its scripts are in
+# results/html). asv preview would listen on every interface.
+PORT ?= 8080
 asv-serve:
-	$(VENV)/bin/asv preview
+	@echo "dashboard: http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"
+	$(PYTHON) -m http.server --bind 127.0.0.1 --directory results/html $(PORT)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .benchmarks .asv out

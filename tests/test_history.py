@@ -54,6 +54,7 @@ def test_interleave_alternates_which_goes_first():
 
 def test_measure_one_case_against_the_ruler():
     record = interleaved.measure("static/eager", rounds=3, threads=1)
+    assert len(record.case_s) == len(record.ruler_s) == 3
     assert record.rounds == 3 and record.threads == 1 and record.phase == "inference"
     assert 0 < record.ratio_q1 <= record.ratio_median <= record.ratio_q3
     assert record.seconds_median > 0 and record.ruler_seconds_median > 0 and record.first_result_s > 0
@@ -167,3 +168,9 @@ def test_spread_summary_of_repeated_runs(tmp_path):
     assert table.loc["static/eager ratio", "spread"] == pytest.approx(0.03 / 1.00)
     assert table.loc["static/eager seconds", "spread"] == pytest.approx(0.10 / 0.25)
     assert (tmp_path / "spread.md").read_text().startswith("# A/A spread over 3 runs")
+
+
+def test_rounds_fill_the_time_budget_within_bounds():
+    assert interleaved.rounds_for(0.4, 40.0) == 100
+    assert interleaved.rounds_for(10.0, 40.0) == interleaved.MIN_ROUNDS
+    assert interleaved.rounds_for(0.01, 40.0) == interleaved.MAX_ROUNDS

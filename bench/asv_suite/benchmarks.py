@@ -58,8 +58,9 @@ def _skip_unless_measured(cache: Cache, kind: str, case: str = "") -> None:
 
 
 class _Commit:
-    """The one measurement of a commit. Its own repetition is inside: ``rounds`` interleaved rounds
-    per case (:data:`mrcnn_bench.interleaved.DEFAULT_ROUNDS`); asv runs each ``track_`` once."""
+    """The one measurement of a commit. Its own repetition is inside: 20 to 200 interleaved rounds
+    per case (:data:`mrcnn_bench.interleaved.DEFAULT_BUDGET_S` seconds of them); asv runs each
+    ``track_`` once."""
 
     timeout = 3600  # setup_cache: every part of the commit, one after another
     repeat = 1

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRACKED
-from mrcnn_bench.interleaved import DEFAULT_ROUNDS
+from mrcnn_bench.interleaved import DEFAULT_BUDGET_S
 
 _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
@@ -93,10 +93,12 @@ def compiled(case: str) -> bool:
     return c.phase == "inference" and (c.backend == "xla" or c.compiler != "eager")
 
 
-def measure_commit(cases: Sequence[str] = TRACKED, rounds: int = DEFAULT_ROUNDS, accuracy: bool = True) -> CommitRecord:
+def measure_commit(
+    cases: Sequence[str] = TRACKED, budget_s: float = DEFAULT_BUDGET_S, accuracy: bool = True
+) -> CommitRecord:
     """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr)."""
     plan: list[tuple[str, str, list[str]]] = [
-        ("timing", c, ["mrcnn_bench.interleaved", c, "--rounds", str(rounds)]) for c in cases
+        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", str(budget_s)]) for c in cases
     ]
     plan += [("compiles", c, ["mrcnn_bench.compile_probe", c, QUICK_WORKLOAD.preset]) for c in cases if compiled(c)]
     if accuracy:

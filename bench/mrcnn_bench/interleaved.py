@@ -1,11 +1,16 @@
 """One case timed against the ruler, round by round, in one process: what asv tracks across commits.
 
-``python -m mrcnn_bench.interleaved CASE OUT.json [--rounds N]`` builds the case (the first call,
-compilation included, is its time to first result), calls every distinct input once more so that
-no compilation can fall in a timed round, then runs ``N`` rounds of one ruler call and one case
-call, alternating which goes first. The record holds the median of the per-round ratios (case /
-ruler), the raw medians, the peak memory of the case's own calls after warm-up, FLOPs per call and
-the load average around the rounds.
+``python -m mrcnn_bench.interleaved CASE OUT.json [--budget-s S | --rounds N]`` builds the case
+(the first call, compilation included, is its time to first result), calls every distinct input
+once more with the ruler so that no compilation can fall in a timed round, then runs rounds of one
+ruler call and one case call, alternating which goes first: as many rounds as fit in ``S`` seconds
+at the pace of those warm-up calls (at least :data:`MIN_ROUNDS`, at most :data:`MAX_ROUNDS`), or
+exactly ``N``. One call's time scatters by several percent on a shared machine whatever the load,
+so a figure's precision comes from the number of rounds; a time budget gives short calls more.
+
+The record holds every timed round, the median of the per-round ratios (case / ruler), the raw
+medians, the peak memory of the case's own calls after warm-up, FLOPs per call and the load
+average around the rounds.
 
 Each case gets its own process (asv's ``setup_cache`` starts one per case), so no case's compiled
 code, caches or allocator state can change another's numbers.
@@ -16,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import sys
@@ -25,7 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_ROUNDS = 20  # why this many: results/asv/README.md (A/A spread over repeated runs)
+# Why these: results/asv/README.md (A/A spread of the ratios over repeated runs of one commit).
+DEFAULT_BUDGET_S = 40.0
+MIN_ROUNDS, MAX_ROUNDS = 20, 200
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,8 @@ class CaseRecord:
     rounds: int  # timed rounds: each figure below except the first result rests on this many samples
     threads: int
     images_per_call: int
+    case_s: list[float]  # every timed round, in order: the figures below are computed from these
+    ruler_s: list[float]
     ratio_median: float  # median over rounds of case seconds / ruler seconds (same round)
     ratio_q1: float
     ratio_q3: float
@@ -86,8 +96,16 @@ def interleave(
     return case_s, ruler_s
 
 
-def measure(case_name: str, rounds: int = DEFAULT_ROUNDS, threads: int | None = None) -> CaseRecord:
-    """Build ``case_name`` on the quick workload, with the ruler's images, and time it against the ruler."""
+def rounds_for(round_s: float, budget_s: float) -> int:
+    """Rounds of ``round_s`` seconds (one case call and one ruler call) that fit in ``budget_s``."""
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, math.ceil(budget_s / max(round_s, 1e-9))))
+
+
+def measure(
+    case_name: str, rounds: int | None = None, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S
+) -> CaseRecord:
+    """Build ``case_name`` on the quick workload, with the ruler's images, and time it against the
+    ruler: ``rounds`` rounds, or as many as fit in ``budget_s`` (:func:`rounds_for`)."""
     # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
     import torch
 
@@ -98,7 +116,7 @@ def measure(case_name: str, rounds: int = DEFAULT_ROUNDS, threads: int | None = 
     from mrcnn_bench.probes import case_flops
     from mrcnn_bench.ruler import IMAGE_SIZE, Ruler, ruler_images
 
-    if rounds < 3:
+    if rounds is not None and rounds < 3:
         raise ValueError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
     if case_name not in CASES:
         raise ValueError(f"unknown case {case_name!r}; choose from {sorted(CASES)}")
@@ -117,9 +135,10 @@ def measure(case_name: str, rounds: int = DEFAULT_ROUNDS, threads: int | None = 
     pipeline = Pipeline(Row(case), ctx)
     pipeline.setup()
     first = _timed(pipeline.call, 0)
+    warm = []
     for index in range(1, workload.images + 1):  # every distinct input, so no compile lands in a round
-        pipeline.call(index)
-        ruler.call(index)
+        warm.append(_timed(pipeline.call, index) + _timed(ruler.call, index))
+    rounds = rounds or rounds_for(statistics.median(warm), budget_s)
     load_before = os.getloadavg()[0]
     case_s, ruler_s = interleave(pipeline.call, ruler.call, rounds)
     load_after = os.getloadavg()[0]
@@ -141,6 +160,8 @@ def measure(case_name: str, rounds: int = DEFAULT_ROUNDS, threads: int | None = 
         rounds=rounds,
         threads=threads,
         images_per_call=TRAIN_BATCH if training else workload.batch_size,
+        case_s=case_s,
+        ruler_s=ruler_s,
         ratio_median=med,
         ratio_q1=q1,
         ratio_q3=q3,
@@ -158,13 +179,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.interleaved", description=__doc__.split("\n")[0])
     parser.add_argument("case", help="a case name, e.g. static/eager")
     parser.add_argument("out", type=Path, help="the record is written here as JSON")
-    parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS, help=f"timed rounds (default {DEFAULT_ROUNDS})")
+    how_many = parser.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--budget-s",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help=f"seconds of timed rounds, {MIN_ROUNDS} to {MAX_ROUNDS} rounds (default {DEFAULT_BUDGET_S:g})",
+    )
+    how_many.add_argument("--rounds", type=int, default=None, help="exactly this many timed rounds")
     parser.add_argument(
         "--threads", type=int, default=None, help="intra-op threads (default: the CPUs this process may use)"
     )
     args = parser.parse_args(argv)
     try:
-        record = measure(args.case, args.rounds, args.threads)
+        record = measure(args.case, args.rounds, args.threads, args.budget_s)
     except (ValueError, NotImplementedError) as e:
         print(f"mrcnn_bench.interleaved: {e}", file=sys.stderr)
         return 2
