@@ -75,17 +75,20 @@ def _encode(value: str) -> str:
     return urllib.parse.quote(value, safe="-_.!~*'()")
 
 
-def graph_hash(index: dict, name: str) -> str:
+def graph_hash(index: dict, name: str, chosen: dict[str, str] | None = None) -> str:
     """The hash of ``name``'s graph page, as asv.js builds it (summarylist.js, ``format_hash_string``).
 
     ``#<name>?`` then ``key=value`` pairs joined by ``&``: each machine/environment parameter with
     more than one value (its first), then ``p-<param>`` with the first value of each benchmark
-    parameter. The name itself is not escaped, as in asv.js.
+    parameter. The name itself is not escaped, as in asv.js. ``chosen`` replaces values by key
+    (``branch``, ``p-case``, ...) or adds a parameter the page would otherwise leave at its default.
     """
     params = [(key, values[0]) for key, values in index.get("params", {}).items() if len(values) > 1]
     benchmark = index["benchmarks"][name]
     params += [(f"p-{param}", values[0]) for param, values in
                zip(benchmark.get("param_names", []), benchmark.get("params", []))]
+    params = [(k, (chosen or {}).get(k, v)) for k, v in params]
+    params += [(k, v) for k, v in (chosen or {}).items() if k not in dict(params)]
     return f"#{name}?" + "&".join(f"{_encode(k)}={_encode('[none]' if v is None else str(v))}" for k, v in params)
 
 
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="default: results/asv/screenshots")
     parser.add_argument("--benchmark", default=None,
                         help="the benchmark of graph.png (default: the first in index.json)")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                        help="a graph parameter as asv's URL names it, e.g. branch=asv-scratch or p-case=static/eager")
     parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
                         + ", ".join(CHROMIUM_NAMES) + " on PATH)")
     args = parser.parse_args(argv)
@@ -124,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     first = next(iter(index["benchmarks"]))
     graphed = args.benchmark or first
+    bad = [p for p in args.param if "=" not in p]
+    if bad:
+        print(f"dashboard_screenshots: --param {bad[0]!r} is not KEY=VALUE", file=sys.stderr)
+        return 2
+    chosen = dict(p.split("=", 1) for p in args.param)
     if graphed not in index["benchmarks"]:
         print(f"dashboard_screenshots: no benchmark {graphed} in {index_json}", file=sys.stderr)
         return 2
@@ -140,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with serve(args.html_dir) as base:
-            pages = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed),
-                     "regressions": "index.html#regressions"}
+            pages = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed, chosen),
+                     "regressions": "index.html#regressions"
+                     + (f"?branch={_encode(chosen['branch'])}" if "branch" in chosen else "")}
             for name, page in pages.items():
                 chromium_run(f"--screenshot={args.out / (name + '.png')}", base + page)
             dom = chromium_run("--dump-dom", base + "index.html")
