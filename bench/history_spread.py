@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 from tqdm import tqdm
 
-from mrcnn_bench.history import measure_commit
+from mrcnn_bench.history import COUNTERS, measure_commit
 
 # Per-case figures of the timing record: (column, record key).
 FIGURES = (
@@ -44,7 +44,7 @@ def rows_of(run: int, record: dict) -> list[dict]:
             rows += [
                 {"run": run, "figure": f"{case} {k}", "value": v}
                 for k, v in part["record"].items()
-                if k in ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles")
+                if k in COUNTERS.values()
             ]
     if record["accuracy"]["record"]:
         acc = record["accuracy"]["record"]

@@ -20,21 +20,13 @@ from typing import Any
 
 from mrcnn_bench.cases import CASES, TRACKED
 from mrcnn_bench.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
-from mrcnn_bench.history import Part, compiled, measure_commit
+from mrcnn_bench.history import COUNTERS, Part, compiled, measure_commit
 
 REPO = Path(__file__).resolve().parents[2]
 
 INFERENCE = [n for n in TRACKED if CASES[n].phase == "inference"]
 TRAINING = [n for n in TRACKED if CASES[n].phase == "training"]
 COMPILED = [n for n in TRACKED if compiled(n)]
-# Counter name -> the cases whose backend or compiler has it (the others are skipped).
-COUNTERS = {
-    "xla_compiles": "uncached_compile",
-    "fallback_ops": "fallback_ops",
-    "graphs": "unique_graphs",
-    "graph_breaks": "graph_breaks",
-    "recompiles": "recompiles",
-}
 RATIO_UNIT = "ratio to the ruler (torchvision eager, fixed across commits) in the same rounds; lower is better"
 
 Cache = dict[str, Any]

@@ -111,12 +111,14 @@ def make_fixture(fixture: Fixture, quiet: bool = False) -> dict[str, Any]:
         "--out",
         str(fixture.train),
     ]
-    if latest_checkpoint(fixture.train) is None or _last_step(fixture.train) < recipe.train.steps:
-        if latest_checkpoint(fixture.train) is not None:
+    latest = latest_checkpoint(fixture.train)
+    if latest is None or _last_step(fixture.train) < recipe.train.steps:
+        if latest is not None:
             command += ["--resume", str(fixture.train)]
         print("making the accuracy fixture:", " ".join(command), file=sys.stderr, flush=True)
         subprocess.run(command + (["--quiet"] if quiet else []), check=True)
-    checkpoint = torch.load(latest_checkpoint(fixture.train), map_location="cpu", weights_only=True)
+        latest = latest_checkpoint(fixture.train)
+    checkpoint = torch.load(latest, map_location="cpu", weights_only=True)
     torch.save(checkpoint["model"], fixture.model)
     meta = {
         "recipe": RECIPE,

@@ -32,6 +32,15 @@ from mrcnn_bench.interleaved import DEFAULT_BUDGET_S
 
 _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
+# Tracked compile counters: name shown in asv -> key of the compile probe's record. A case has the
+# counters of its backend or compiler only (XLA's two, or dynamo's three).
+COUNTERS = {
+    "xla_compiles": "uncached_compile",
+    "fallback_ops": "fallback_ops",
+    "graphs": "unique_graphs",
+    "graph_breaks": "graph_breaks",
+    "recompiles": "recompiles",
+}
 
 
 @dataclass(frozen=True)
