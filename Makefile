@@ -9,7 +9,7 @@ CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
 .PHONY: venv bench test unit bench-quick gate lint asv-fixture asv-scratch asv-same asv-commits asv-history \
-	asv-spread asv-publish asv-serve clean
+	asv-spread asv-publish asv-serve latency-study clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ asv-history: asv-fixture asv-scratch
 	$(VENV)/bin/asv machine --yes
 	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
 	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(HISTORY_FROM)^..main
+
+# The latency gate's error rates through its own code path (live compares; hours; resumable).
+latency-study: $(STAMP)
+	PYTHONPATH=bench $(PY) bench/gate_error_rates.py run --out results/latency_gate_live
+	PYTHONPATH=bench $(PY) bench/gate_error_rates.py summary --out results/latency_gate_live
 
 # The same commit measured 3 times: the A/A spread of each tracked figure (results/asv/aa).
 asv-spread: asv-fixture

@@ -10,6 +10,9 @@ error page, so the screenshots show whether the folder stands alone (see
 :mod:`mrcnn_bench.offline_html`). ``--virtual-time-budget`` lets the scripts, XHRs and the graph
 drawing finish before the capture without a fixed sleep.
 
+``--report DIR`` instead takes the pages ``mrcnn-bench report`` wrote to DIR (its index and each
+run's page) at 1400 px wide, the width at which a report table must still show every column.
+
 Writes into ``--out``: ``index.png`` (the benchmark grid), ``graph.png`` (the first benchmark of
 ``index.json``, or ``--benchmark``, at the URL asv's own links use), ``regressions.png``, ``index.dom.html`` (the index
 DOM after the scripts ran) and ``commands.txt`` (the exact command lines). Exits 1 if the DOM shows
@@ -101,8 +104,29 @@ def find_chromium(name: str | None) -> str:
                      "on Debian: apt-get install chromium")
 
 
+def report_screenshots(folder: Path, out: Path, chromium: str) -> int:
+    """``mrcnn-bench report``'s pages (``index.html`` and every run's page) at 1400 px, no network."""
+    pages = sorted(p.name for p in folder.glob("*.html"))
+    if "index.html" not in pages:
+        print(f"dashboard_screenshots: no index.html in {folder} (run mrcnn-bench report ... --out {folder})",
+              file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    commands = []
+    with serve(folder) as base:
+        for page in pages:
+            command = [chromium, *FLAGS, f"--screenshot={out / page.replace('.html', '.png')}", base + page]
+            commands.append(shlex.join(command))
+            subprocess.run(command, capture_output=True, timeout=CHROMIUM_TIMEOUT_S, check=True)
+            print(f"dashboard_screenshots: {out / page.replace('.html', '.png')}")
+    (out / "commands.txt").write_text("\n".join(commands) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--report", type=Path, default=None, metavar="DIR",
+                        help="instead: screenshots of mrcnn-bench report's pages in DIR (index and each run)")
     parser.add_argument("--html-dir", type=Path, default=Path("results/html"), help="default: results/html")
     parser.add_argument("--out", type=Path, default=Path("results/asv/screenshots"),
                         help="default: results/asv/screenshots")
@@ -113,6 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
                         + ", ".join(CHROMIUM_NAMES) + " on PATH)")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        try:
+            return report_screenshots(args.report, args.out, find_chromium(args.chromium))
+        except SystemExit as e:
+            print(e, file=sys.stderr)
+            return 2
     index_json = args.html_dir / "index.json"
     if not (args.html_dir / "index.html").is_file() or not index_json.is_file():
         print(f"dashboard_screenshots: no index.html and index.json in {args.html_dir} (run make asv-publish)",

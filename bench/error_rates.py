@@ -26,13 +26,14 @@ import platform
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from scipy import stats
-from tqdm import tqdm
 
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
+from mrcnn.progress import progress
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
 from mrcnn_bench.slowdown import inject_slowdown
@@ -59,7 +60,7 @@ def _time_call(model: MaskRCNN, batch) -> float:
     return time.perf_counter() - start
 
 
-def run_trial(a: MaskRCNN, b: MaskRCNN, batch, rounds: int, warmup: int, b_first: bool, bar: tqdm) -> dict:
+def run_trial(a: MaskRCNN, b: MaskRCNN, batch, rounds: int, warmup: int, b_first: bool, bar: Any) -> dict:
     """Warm up both, then ``rounds`` interleaved rounds; which goes first alternates every round."""
     for _ in range(warmup):
         a(batch)
@@ -207,7 +208,7 @@ def run_trials(a: MaskRCNN, a2: MaskRCNN, slow: MaskRCNN, batch, args: argparse.
     """A/A and A/B trials, alternating; each with its timings, load and verdict at ``max_rounds``."""
     trials = []
     total = 2 * args.trials * max_rounds
-    with torch.inference_mode(), tqdm(total=total, desc="rounds", unit="round") as bar:
+    with torch.inference_mode(), progress(total=total, desc="rounds", unit="round") as bar:
         for i in range(2 * args.trials):
             kind = "aa" if i % 2 == 0 else "ab"
             times = run_trial(a, a2 if kind == "aa" else slow, batch, max_rounds, args.warmup,

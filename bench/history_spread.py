@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
-from mrcnn_bench.history import COUNTERS, measure_commit
+from mrcnn.progress import progress
+from mrcnn_bench.history import COUNTERS, PROCESSES, measure_commit
 
 # Per-case figures of the timing record: (column, record key).
 FIGURES = (
@@ -76,12 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
+    parser.add_argument("--processes", type=int, default=PROCESSES,
+                        help="processes per timed case, pooled (default: the suite's, %(default)s)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for k in tqdm(range(1, args.runs + 1), desc="A/A runs", unit="run"):
+    for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):
         path = args.out / f"run_{k}.json"
         if not path.exists():
-            path.write_text(json.dumps(measure_commit().to_dict(), indent=1))
+            path.write_text(json.dumps(measure_commit(processes=args.processes).to_dict(), indent=1))
     print(summarise(args.out).to_string())
     return 0
 

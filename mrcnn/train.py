@@ -36,7 +36,9 @@ from mrcnn.data.coco import CocoFormatError, ImageDecodeError
 from mrcnn.engine import AMP_MODES, IMPLS, INITS, OPTIMIZERS, NonFiniteLossError, TrainConfig, TrainSetupError, train
 from mrcnn.engine.config import field_default
 from mrcnn.engine.distributed import env_rank, env_world_size
+from mrcnn.exits import guarded
 from mrcnn.overrides import parse_override
+from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import RECIPES, Recipe, get_recipe
 
 DEFAULT_PRESET = "tiny"
@@ -108,7 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--no-final-eval", dest="eval_at_end", action="store_false", default=None)
     add("--resume", help="checkpoint file, or a folder (its latest checkpoint)")
     add("--weights", help="torchvision-format state_dict to start from")
-    add("--quiet", action="store_true", help="no progress bar")
+    add_progress_flag(parser, "--quiet")
     return parser
 
 
@@ -146,7 +148,7 @@ def resolve_arguments(args: argparse.Namespace) -> TrainJob:
         resume=args.resume,
         weights=args.weights,
         synth_count=args.synth_count,
-        progress=not args.quiet,
+        progress=not args.no_progress,
     )
 
 
@@ -184,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mrcnn.train", description=__doc__.split("\n")[0])
-    return run(add_arguments(parser).parse_args(argv))
+    return guarded("mrcnn", lambda: run(add_arguments(parser).parse_args(argv)), lambda: "train")
 
 
 if __name__ == "__main__":

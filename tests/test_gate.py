@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +176,8 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
         "export-time": [[absent + ".pt2", "--rounds", "0"], [absent + ".pt2"]],
         "check-benchmarks": [["--expect", "static/nope", absent + ".json"], [absent + ".json"]],
         "report": [["--bogus", absent], [absent + ".json", "--out", str(tmp_path / "html")]],
+        "export-db": [["--bogus", absent], [absent + ".json", "--out", str(tmp_path / "db.json")]],
+        "list": [["--bogus"], ["unexpected"]],
     }
 
 
@@ -196,7 +199,7 @@ def test_an_unexpected_exception_is_an_internal_error(tmp_path, monkeypatch, cap
         raise KeyError("boom")
 
     monkeypatch.setattr(cli, "cmd_report", broken)
-    monkeypatch.setattr(cli.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert cli.main(["report", "x.json"]) == 3
     err = capsys.readouterr().err
     assert "internal error: KeyError: 'boom'" in err and "report it to the mrcnn maintainers" in err

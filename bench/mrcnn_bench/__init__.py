@@ -2,16 +2,19 @@
 
 Modules, each importing only those above it (no cycles):
 
+    defaults                      what a command does by default and its --help says (stdlib only)
     backends, stats, parity       devices and compile counters; the latency rule; detection parity
     cases                         Case, Workload, Variant, Row: what to run
     slowdown                      the harness-side slowdown hook (latency-gate tests)
     context                       Context: images, weights, training samples of a run
     pipelines                     Pipeline, and PIPELINES: one builder per compiler, by name
     execution, worker             a row in this process or in a bounded worker subprocess
-    probes, profile               peak rates, FLOPs, machine state; stage timings
+    probes, profile, ceiling      kernel rates, FLOPs, machine state; stage timings; the FMA ceiling
     records, store, report        typed records and run files; tables, plots; dashboard
+    journal                       the rounds of a run as they finish (SIGTERM, --resume)
     runner                        the interleaved run loop (RunOptions -> RunOutput)
     ab, compile_probe, gate       compare A B (CompareOptions); the merge gate (GateOptions)
+    benchmark_db, inventory       records for PyTorch's benchmark database (v3); what `list` shows
     cli                           ``mrcnn-bench``: the only module that reads argv
     ruler, interleaved            the history across commits: a fixed torchvision ruler; one case timed against it
     fixed_accuracy, history       the fixed checkpoint's AP; one commit measured, each part in its own process

@@ -28,15 +28,12 @@ from typing import Any
 
 import pandas as pd
 
-from mrcnn_bench import runner, stats, store
+from mrcnn_bench import defaults, runner, stats, store
 from mrcnn_bench.cases import REFERENCE, Case, Row, Variant
 from mrcnn_bench.records import Record, RunDocument, to_document
 from mrcnn_bench.report import as_number
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
-DEFAULT_COMPARE_CASES = "static/eager"
-DEFAULT_COMPARE_ROUNDS = 25  # measured for the previous rule: see results/latency_gate and stats' docstring
-DEFAULT_ALPHA = 0.01
 COMPARABLE = ("preset", "image_size", "batch_size", "overrides", "threads", "cpu")  # must match across run files
 
 
@@ -57,7 +54,7 @@ class CompareOptions:
     slowdown_a: float = 0.0  # extra inference work of A only (live; see mrcnn_bench.slowdown)
     slowdown_b: float = 0.0
     threshold: float | None = None  # relative slowdown that counts (None: the stats module's default)
-    alpha: float = DEFAULT_ALPHA  # family-wise error rate over the cases (Holm)
+    alpha: float = defaults.ALPHA  # family-wise error rate over the cases (Holm)
     out: str | None = None  # write the comparison as JSON here
 
     def __post_init__(self) -> None:
@@ -136,14 +133,14 @@ def relative_times(recs: list[Record], label: str) -> dict[str, list[float]]:
 
 
 def compare_records(a: list[Record], b: list[Record], threshold: float | None = None,
-                    relative: bool = False, alpha: float = DEFAULT_ALPHA) -> pd.DataFrame:
+                    relative: bool = False, alpha: float = defaults.ALPHA) -> pd.DataFrame:
     """One line per case present in both: n, medians, ratio with its interval, Holm p, verdict, exact changes.
 
     ``relative=False``: A and B were timed interleaved in one run (round i of A next to round i of
     B). ``relative=True``: two stored runs, compared through :func:`relative_times` (paired by
     round index). ``p_value`` is Holm-adjusted over the cases that were tested.
     """
-    threshold = stats.DEFAULT_THRESHOLD if threshold is None else threshold
+    threshold = defaults.THRESHOLD if threshold is None else threshold
     samples_a = relative_times(a, "A") if relative else {r.case: r.times_s for r in a}
     samples_b = relative_times(b, "B") if relative else {r.case: r.times_s for r in b}
     by_case = {r.case: r for r in a if r.status != "skipped"}

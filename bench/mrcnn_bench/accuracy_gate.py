@@ -34,7 +34,9 @@ import torch
 
 from mrcnn.data.coco import CocoDataset
 from mrcnn.engine import TrainResult, evaluate, load_checkpoint, train
+from mrcnn.exits import guarded
 from mrcnn.model import MaskRCNN
+from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import get_recipe
 from mrcnn_bench.accuracy_baseline import (
     DEFAULT_FLOOR,
@@ -178,14 +180,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "--baseline", default=None, type=Path, help="default $MRCNN_RESULTS_DIR or ./results, /accuracy/<recipe>.json"
     )
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
-    parser.add_argument("--data", default=Path("data"), type=Path, help="folder the recipe's data set is made under")
+    parser.add_argument(
+        "--data", default=Path("data"), type=Path, help="where the recipe's data set is made (default: %(default)s)"
+    )
     parser.add_argument("--out", default=None, type=Path, help="training output folder (default: a temporary one)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument(
         "--inject-fault", choices=sorted(FAULTS), default=None, help="test only: train with a deliberate bug"
     )
     parser.add_argument("--json", default=None, type=Path, help="also write the result as JSON here")
-    parser.add_argument("--progress", action="store_true", help="progress bar while training")
+    add_progress_flag(parser)
+    # The old opt-in spelling: progress is on by default now (mrcnn.progress); still accepted.
+    parser.add_argument("--progress", dest="old_progress", action="store_true", help=argparse.SUPPRESS)
     group = parser.add_argument_group("writing the baseline")
     group.add_argument("--write-baseline", action="store_true", help="write --baseline from seed runs, then exit")
     group.add_argument(
@@ -220,7 +226,7 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     else:
         for seed in args.seeds or DEFAULT_SEEDS:
             out = (args.out or Path("out")) / f"{args.recipe}-s{seed}"
-            train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=args.progress)
+            train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=not args.no_progress)
             runs[seed] = final_metrics(out)
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
@@ -251,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             out_dir=args.out,
             data_base=args.data,
-            progress=args.progress,
+            progress=not args.no_progress,
         )
         result = check_accuracy(opts)
     except (BaselineError, FileNotFoundError, ValueError) as e:
@@ -266,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mrcnn-bench accuracy-gate", description=__doc__.split("\n")[0])
-    return run(add_arguments(parser).parse_args(argv))
+    return guarded("mrcnn-bench", lambda: run(add_arguments(parser).parse_args(argv)), lambda: "accuracy-gate")
 
 
 if __name__ == "__main__":

@@ -5,61 +5,101 @@ phase). A :class:`Workload` is what it runs on (preset, image size, images per c
 :class:`Row` is a case plus a :class:`Variant` (which code, which settings). A run is a workload
 times a list of rows, timed interleaved (see :mod:`mrcnn_bench.runner`).
 
-To add a case: add a :class:`Case` to :data:`CASES` (its name is derived from its fields), and, if
-it needs a new way of compiling the model, a builder registered under its compiler's name in
-:data:`mrcnn_bench.pipelines.PIPELINES` (``@register_pipeline("name")``). It then appears in
-``mrcnn-bench run``, in asv (``bench/asv_suite``) when listed in :data:`QUICK`, and in the report.
+Your own cases, with no edit here: a module of yours calls :func:`add_case` (and, for another
+model or compiler, :func:`register_implementation` / :func:`register_compiler`), and is named in
+``$MRCNN_BENCH_CASES`` (comma-separated module names) or declared as an entry point of the group
+``mrcnn_bench.cases`` in your package. It is loaded when this module is, in every process (runs,
+workers, asv, pytest-benchmark), so its cases appear in ``mrcnn-bench run`` and ``list``, the report,
+pytest-benchmark (``quick=True``) and asv (``tracked=True``). Example: ``bench/examples/my_cases.py``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from mrcnn_bench.backends import Backend, unavailable
+if TYPE_CHECKING:  # backends imports torch: kept out of `mrcnn-bench --help` (mrcnn_bench.cli)
+    from mrcnn_bench.backends import Backend
 
-Impl = Literal["static", "torchvision"]  # this model | the dynamic reference
-Compiler = Literal["eager", "inductor", "export", "aoti"]  # none | torch.compile | .pt2 | AOTInductor
+Compiler = Literal["eager", "inductor", "export", "aoti"]  # built in: none | torch.compile | .pt2 | AOTInductor
 Precision = Literal["fp32", "bf16"]  # bf16: autocast
 Phase = Literal["inference", "training"]  # latency per call | SGD steps per second
+Interface = Literal["static", "torchvision"]  # how a call reaches a model (Implementation)
 
-IMPLS: tuple[str, ...] = get_args(Impl)
-COMPILERS: tuple[str, ...] = get_args(Compiler)
 PRECISIONS: tuple[str, ...] = get_args(Precision)
 PHASES: tuple[str, ...] = get_args(Phase)
+INTERFACES: tuple[str, ...] = get_args(Interface)
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """A model the harness can time, and how a call reaches it (``interface``).
+
+    ``static``: ``mrcnn.MaskRCNN``'s: ``forward(ImageBatch) -> Detections`` at inference, and
+    ``forward(ImageBatch, Targets) -> losses`` in training; the harness resizes and pads on the host.
+    ``torchvision``: torchvision's detection models': ``forward(list of images) -> list[dict]``, and
+    ``forward(images, targets) -> losses``. ``builder``: ``"module:function"`` taking the run's
+    ``mrcnn.config.Config`` and its torchvision-named state_dict and returning the model (it may
+    ignore the weights); empty for the two built in, which :mod:`mrcnn_bench.pipelines` builds.
+    """
+
+    interface: Interface
+    builder: str = ""
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {"static": Implementation("static"),
+                                              "torchvision": Implementation("torchvision")}
+# Compiler name -> "module:function" of its builder (mrcnn_bench.pipelines.Builder); "" for the built-ins.
+COMPILERS: dict[str, str] = dict.fromkeys(get_args(Compiler), "")
 
 
 @dataclass(frozen=True)
 class Case:
     """One implementation on one backend. ``bounded`` cases run in a worker killed at the time limit."""
 
-    impl: Impl
+    impl: str  # a key of IMPLEMENTATIONS
     backend: Backend = "cpu"
-    compiler: Compiler = "eager"
+    compiler: str = "eager"  # a key of COMPILERS
     precision: Precision = "fp32"
     phase: Phase = "inference"
     bounded: bool = False  # may never finish (torchvision on XLA, torchvision under torch.compile)
+    tag: str = ""  # names a case that differs by config only: "static/eager+k32"
+    overrides: tuple[tuple[str, Any], ...] = ()  # Config overrides of this case, on top of the run's
 
     def __post_init__(self) -> None:
-        for value, allowed, field in ((self.impl, IMPLS, "impl"), (self.compiler, COMPILERS, "compiler"),
+        for value, allowed, field in ((self.impl, tuple(IMPLEMENTATIONS), "impl"),
+                                      (self.compiler, tuple(COMPILERS), "compiler"),
                                       (self.precision, PRECISIONS, "precision"), (self.phase, PHASES, "phase")):
             if value not in allowed:
                 raise ValueError(f"case {field} {value!r} is not one of {allowed}")
         if self.compiler in ("export", "aoti") and (self.impl != "static" or self.phase != "inference"):
             raise ValueError("export and aoti cases exist for static inference only")
+        if self.overrides and not self.tag:
+            raise ValueError("a case with config overrides needs a tag, which names it")
+        # Hashable however it was given (a run file's JSON gives lists).
+        object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
 
     @property
     def name(self) -> str:
-        """``impl/variant``: the non-default fields joined, e.g. static/inductor-bf16, torchvision/xla."""
+        """``impl/variant[+tag]``: the non-default fields joined, e.g. static/inductor-bf16, torchvision/xla."""
         parts = [p for p, default in ((self.backend, "cpu"), (self.compiler, "eager"), (self.precision, "fp32"))
                  if p != default]
         if self.phase == "training":
             parts.append("train")
-        return f"{self.impl}/{'-'.join(parts) or 'eager'}"
+        return f"{self.impl}/{'-'.join(parts) or 'eager'}" + (f"+{self.tag}" if self.tag else "")
+
+    @property
+    def interface(self) -> Interface:
+        return IMPLEMENTATIONS[self.impl].interface
 
     def skip_reason(self) -> str | None:
         """Why this case cannot run here (an absent backend), or None."""
+        from mrcnn_bench.backends import unavailable  # lazy: backends loads torch, cases must not (fast --help)
+
         return unavailable(self.backend)
 
 
@@ -197,7 +237,8 @@ def default_time_limit(preset: str) -> float:
     """Seconds a bounded row gets for set-up + first call, and for each later call."""
     return DEFAULT_TIME_LIMIT.get(preset, 300.0)
 
-# The issues' speed targets: median latency (or step time) as a multiple of another case's.
+# The project's speed goals: median latency (or step time) as a multiple of another case's. The
+# report names each goal beside the row and explains the column (report.notes).
 SPEED_TARGETS: dict[str, tuple[str, float]] = {
     "static/eager": (REFERENCE, 1.0),
     "static/inductor": (REFERENCE, 0.7),
@@ -226,3 +267,61 @@ def parse_cases(text: str | None) -> list[Case]:
         raise ValueError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
     return [CASES[n] for n in dict.fromkeys(names)]
 
+
+# ------------------------------------------------------------------------------------------------
+# Your own cases
+
+
+def register_implementation(name: str, interface: Interface, builder: str) -> None:
+    """Make ``name`` usable as a case's ``impl``: a model built by ``builder`` ("module:function")."""
+    if name in IMPLEMENTATIONS:
+        raise ValueError(f"an implementation named {name!r} is already registered")
+    if interface not in INTERFACES or ":" not in builder:
+        raise ValueError(f"{name}: interface must be one of {INTERFACES} and builder 'module:function'")
+    IMPLEMENTATIONS[name] = Implementation(interface, builder)
+
+
+def register_compiler(name: str, builder: str) -> None:
+    """Make ``name`` usable as a case's ``compiler``: ``builder`` ("module:function") is a
+    :data:`mrcnn_bench.pipelines.Builder`, ``(model, case, slowdown) -> Compiled``."""
+    if name in COMPILERS:
+        raise ValueError(f"a compiler named {name!r} is already registered")
+    if ":" not in builder:
+        raise ValueError(f"{name}: builder must be 'module:function'")
+    COMPILERS[name] = builder
+
+
+def add_case(case: Case, quick: bool = False, tracked: bool = False) -> Case:
+    """Add ``case`` to :data:`CASES`; ``quick``: also to :data:`QUICK` (pytest-benchmark, CI's
+    check), ``tracked``: also to :data:`TRACKED` (asv's history)."""
+    global QUICK, TRACKED
+    if case.name in CASES:
+        raise ValueError(f"a case named {case.name!r} already exists")
+    CASES[case.name] = case
+    if quick:
+        QUICK = (*QUICK, case.name)
+    if quick or tracked:
+        TRACKED = (*TRACKED, case.name)
+    return case
+
+
+USER_CASES_ENV = "MRCNN_BENCH_CASES"  # comma-separated modules that add cases
+ENTRY_POINT_GROUP = "mrcnn_bench.cases"  # or entry points of this group, in any installed package
+
+
+def load_user_cases() -> list[str]:
+    """Import every module named in ``$MRCNN_BENCH_CASES`` and every entry point of the group; their names."""
+    loaded = []
+    for name in filter(None, (n.strip() for n in os.environ.get(USER_CASES_ENV, "").split(","))):
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # the user's module: say which one, whatever it raised
+            raise ImportError(f"${USER_CASES_ENV}: cannot load {name!r}: {type(e).__name__}: {e}") from e
+        loaded.append(name)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+        loaded.append(ep.value)
+    return loaded
+
+
+USER_CASES = load_user_cases()  # last: the modules use this one's definitions above

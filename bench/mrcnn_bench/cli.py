@@ -5,25 +5,24 @@
     mrcnn-bench gate [--baseline results/baselines/gate_tiny.json]       exit 1 on a regression
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
-    mrcnn-bench report FILE_OR_DIR... [--out DIR]                        tables, plots, dashboard
+    mrcnn-bench report FILE_OR_DIR... [--out results/report]             tables, plots, dashboard
     mrcnn-bench check-benchmarks out/ci/benchmarks.json [--expect CASES] CI: did the quick cases run?
+    mrcnn-bench list [--json]                                            cases, presets, backends on this machine
+    mrcnn-bench export-db RUN.json... --out FILE                         PyTorch benchmark database (v3) records
 
 This is the only module that reads a command line: it turns arguments into each command's typed
 options (:class:`~mrcnn_bench.runner.RunOptions`, :class:`~mrcnn_bench.ab.CompareOptions`,
 :class:`~mrcnn_bench.gate.GateOptions`) and calls the command; commands call each other through
-those options, never through argv.
+those options, never through argv. Defaults shown in ``--help`` are the ones the commands use
+(:mod:`mrcnn_bench.defaults`, :mod:`mrcnn_bench.cases`). The parser loads no torch, so ``--help``
+and ``--version`` are fast; each command imports what it runs when it runs.
 
-Exit codes, the same for every command:
-
-    0  passed: the command did what was asked, and any check it makes passed
-    1  a regression was found or a gate failed (compare flagged a slowdown, a gate check failed,
-       check-benchmarks found an expected case that did not run, run had a row that errored)
-    2  could not decide: a usage or input error (an unknown case, a missing file, a bad value),
-       inputs that cannot be compared, or a case that could not run; one line on stderr names
-       the problem, before any measuring where it can be known then
-    3  internal error: an unexpected exception, a bug in mrcnn-bench; one line with the exception's
-       type and message, and where to report it (the traceback is written to a log file, named there,
-       and printed too with MRCNN_BENCH_DEBUG=1)
+Exit codes, the same for every command (:mod:`mrcnn.exits`): 0 passed; 1 a regression was found or
+a gate failed (compare flagged a slowdown, a gate check failed, check-benchmarks found an expected
+case that did not run, run had a row that errored); 2 could not decide (a usage or input error, inputs
+that cannot be compared, a case that could not run), with one line naming the problem, before any
+measuring where it can be known then; 3 internal error (one line, the traceback in a log file named
+there, printed too with ``MRCNN_BENCH_DEBUG=1``).
 """
 
 from __future__ import annotations
@@ -32,16 +31,32 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
-import tempfile
-import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mrcnn.config import get_config
+from mrcnn.config import PRESETS, get_config
+from mrcnn.exits import FAILED, PASSED, debug_variable, guarded, version_text
 from mrcnn.overrides import parse_override
-from mrcnn_bench import ab, dashboard, gate, records, report, runner, stats, store
-from mrcnn_bench.cases import Row, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.compile_probe import INJECTIONS
+from mrcnn.progress import add_progress_flag
+from mrcnn_bench import defaults
+from mrcnn_bench.cases import (
+    DEFAULT_TIME_LIMIT,
+    DEFAULT_WORKLOADS,
+    Row,
+    default_time_limit,
+    default_workload,
+    parse_cases,
+)
+
+if TYPE_CHECKING:  # the commands' modules load torch: imported by each command when it runs
+    from mrcnn_bench.ab import CompareOptions
+    from mrcnn_bench.gate import GateOptions
+    from mrcnn_bench.runner import RunOptions
+
+PROG = "mrcnn-bench"
+DEBUG_ENV = debug_variable(PROG)  # =1: also print an internal error's traceback
 
 # Subcommands whose modules load only when used: they pull in the training and export stacks
 # (start-up time), and a missing module then fails that subcommand alone.
@@ -61,44 +76,82 @@ def parse_size(text: str) -> tuple[int, int]:
     return h, w
 
 
-def add_run_arguments(p: argparse.ArgumentParser) -> None:
-    """Options shared by ``run`` and ``compare`` (live): what to run and how."""
-    p.add_argument("--preset", default="tiny", help="config preset (default: tiny)")
-    p.add_argument("--cases", default=None, help="comma list of cases, or all / quick / inference / training")
+def parse_cpus(text: str) -> tuple[int, ...]:
+    """'0,2-3' -> (0, 2, 3): CPUs this process may use (as taskset takes them)."""
+    cpus: set[int] = set()
+    try:
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"CPU list {text!r} is not like 0,1 or 2-3") from None
+    allowed = os.sched_getaffinity(0)
+    if not cpus or not cpus <= allowed:
+        raise argparse.ArgumentTypeError(f"CPU list {text!r}: this process may use only {sorted(allowed)}")
+    return tuple(sorted(cpus))
+
+
+def _sizes() -> str:
+    return ", ".join(f"{w.preset} {w.image_size[0]}x{w.image_size[1]}" for w in DEFAULT_WORKLOADS.values())
+
+
+def _limits() -> str:
+    return ", ".join(f"{seconds:g} for {preset}" for preset, seconds in DEFAULT_TIME_LIMIT.items())
+
+
+def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> None:
+    """Options shared by ``run`` and ``compare`` (live): what to run and how.
+
+    ``rounds``: the command's default number of rounds; ``cases``: its default cases, as help text.
+    """
+    p.add_argument("--preset", default="tiny",
+                   help=f"config preset: {', '.join(sorted(PRESETS))} (default: %(default)s)")
+    p.add_argument("--cases", default=None,
+                   help=f"comma list of cases, or all / quick / inference / training (default: {cases}; "
+                        "`mrcnn-bench list` shows them)")
     p.add_argument("--image-size", type=parse_size, default=None, metavar="HxW",
-                   help="image size (default: one that fits a canvas exactly: tiny 240x320, coco 480x640)")
-    p.add_argument("--batch-size", type=int, default=1, help="images per inference call (default: 1)")
-    p.add_argument("--images", type=int, default=3, help="distinct generated images (default: 3)")
-    p.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default: 10)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed calls per row; the first is time to first result")
+                   help=f"image size (default: the preset's, one that fits a canvas exactly: {_sizes()})")
+    p.add_argument("--batch-size", type=int, default=1, help="images per inference call (default: %(default)s)")
+    p.add_argument("--images", type=int, default=defaults.RUN_IMAGES,
+                   help="distinct generated images (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=rounds, help="interleaved timed rounds (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=defaults.RUN_WARMUP,
+                   help="untimed calls per row, at least one per distinct input; the first is time to first "
+                        "result (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and images (default: 0)")
+    p.add_argument("--cpus", type=parse_cpus, default=None, metavar="LIST",
+                   help="pin the run and its workers to these CPUs, e.g. 0,1 or 2-3 (default: as started)")
+    p.add_argument("--seed", type=int, default=0, help="seed of weights and images (default: %(default)s)")
     p.add_argument("--time-limit", type=float, default=None, metavar="S",
-                   help="limit of a bounded row's set-up + first call and of each later call "
-                        "(default: 120 for tiny, 300 for coco_r50_fpn)")
+                   help=f"limit of a bounded row's set-up + first call and of each later call (default: {_limits()})")
     p.add_argument("--weights", default=None, help="torchvision Mask R-CNN state_dict instead of synthetic weights")
     p.add_argument("--coco-root", default=None,
                    help="COCO 2017 root (annotations/instances_val2017.json, val2017/): its images instead of "
                         "generated ones")
     p.add_argument("--coco-split", default="val2017",
-                   help="split of --coco-root whose first --images images are timed (default: val2017)")
+                   help="split of --coco-root whose first --images images are timed (default: %(default)s)")
     p.add_argument("--eval", dest="eval_images", type=int, default=0, metavar="N",
                    help="also COCO box/mask AP of static/eager and torchvision/eager on N images of the "
-                        "evaluation set (--coco-root's --coco-split, else generated synthetic val images)")
+                        "evaluation set (--coco-root's --coco-split, else generated synthetic val images; "
+                        "default: %(default)s, none)")
     p.add_argument("--eval-root", default=None, help="COCO-layout root of the evaluation set (default: --coco-root)")
     p.add_argument("--eval-split", default=None, help="its split (default: --coco-split, or val for --eval-root)")
     p.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override,
                    metavar="KEY=VALUE", help="config override for every row (repeatable)")
     p.add_argument("--reuse-compile-cache", action="store_true",
                    help="use the usual inductor cache (default: a fresh one, so compile times are cold)")
-    p.add_argument("--peak-reps", type=int, default=5, help="repetitions of each peak-rate kernel (0: skip)")
+    p.add_argument("--peak-reps", type=int, default=5,
+                   help="repetitions of each kernel-rate probe (default: %(default)s; 0: skip them and the "
+                        "machine's FMA ceiling, so frac_peak is not shown)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
     p.add_argument("--profile", action="store_true", help="also time each stage of static and torchvision (eager)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_progress_flag(p)
 
 
-def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> runner.RunOptions:
+def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> RunOptions:
     """Validated :class:`~mrcnn_bench.runner.RunOptions`; ValueError with a message for the user."""
+    from mrcnn_bench import runner  # lazy, as every command's own modules: they load torch (fast --help)
+
     if args.rounds < 0 or args.warmup < 1 or args.images < 1 or args.batch_size < 1 or args.eval_images < 0:
         raise ValueError("--rounds and --eval must be >= 0, and --warmup, --images and --batch-size >= 1")
     if args.threads is not None and args.threads < 1:
@@ -124,6 +177,7 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> runn
         coco_split=args.coco_split,
         overrides=overrides,
         fresh_compile_cache=not args.reuse_compile_cache,
+        cpus=args.cpus,
         progress=not args.no_progress,
         peak_reps=args.peak_reps,
         flops=not args.no_flops,
@@ -134,8 +188,10 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> runn
     )
 
 
-def compare_options(args: argparse.Namespace) -> ab.CompareOptions:
+def compare_options(args: argparse.Namespace) -> CompareOptions:
     """:class:`~mrcnn_bench.ab.CompareOptions`; run options and cases only for a live comparison."""
+    from mrcnn_bench import ab, gate, store  # lazy: loads torch
+
     for side, overrides in (("-a", args.set_a), ("-b", args.set_b)):
         if any(key == "inject_slowdown" for key, _ in overrides):
             new = "--inject-slowdown-a" if side == "-a" else "--inject-slowdown"
@@ -151,19 +207,20 @@ def compare_options(args: argparse.Namespace) -> ab.CompareOptions:
         for spec in (args.a, args.b):
             if not gate.is_code(spec):
                 raise ValueError(f"{spec!r} is neither a run file, a checkout directory nor a git ref of {store.REPO}")
-        opts.cases = parse_cases(args.cases or ab.DEFAULT_COMPARE_CASES)
-        if args.rounds is None:
-            args.rounds = ab.DEFAULT_COMPARE_ROUNDS
+        opts.cases = parse_cases(args.cases or defaults.COMPARE_CASES)
         opts.run = run_options(args, rows=[])
     return opts
 
 
-def gate_options(args: argparse.Namespace) -> gate.GateOptions:
+def gate_options(args: argparse.Namespace) -> GateOptions:
+    """:class:`~mrcnn_bench.gate.GateOptions` from the flags."""
+    from mrcnn_bench import gate  # lazy: loads torch
+
     opts = gate.GateOptions(
         preset=args.preset, baseline=args.baseline, write_baseline=args.write_baseline,
         skip_compile=args.skip_compile, accuracy=args.accuracy, checkpoint=args.checkpoint,
         accuracy_out=args.accuracy_out, latency_against=args.latency_against, latency_rounds=args.latency_rounds,
-        inject=args.inject, out=args.out)
+        inject=args.inject, out=args.out, progress=not args.no_progress)
     if not args.skip_compile and args.cases:  # parsed only when used, as the check itself would
         opts.cases = parse_cases(args.cases)
     if args.latency_against:
@@ -172,9 +229,17 @@ def gate_options(args: argparse.Namespace) -> gate.GateOptions:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """The main job. With ``--out``, each finished round is journaled, so SIGTERM / SIGINT write what was
+    measured (exit 128 + the signal's number) and ``--resume`` finishes the run."""
+    from mrcnn_bench import journal, records, report, runner, store  # lazy: loads torch
+
     opts = run_options(args)
-    out = runner.run(opts)
     name = args.name or f"run_{opts.workload.preset}"
+    if args.resume and not args.out:
+        raise ValueError("--resume continues a run written with --out: give the same --out (and --name)")
+    if args.out:
+        opts.journal, opts.resume = journal.path_for(args.out, name), args.resume
+    out = runner.run(opts)
     doc = records.to_document(out.rows, out.info, name, store.environment(out.info.threads, opts.seed))
     print(report.markdown(doc))
     if args.out:
@@ -182,24 +247,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         paths = [store.save(doc, folder / f"{name}.json"), *report.write(doc, folder, with_plots=not args.no_plots)]
         for p in paths:
             runner.log(f"wrote {p}")
+    if out.info.interrupted:
+        runner.log(f"interrupted by {out.info.interrupted}: the files above hold the rounds that finished; "
+                   "the same command with --resume times the rest")
+        return 128 + signal.Signals[out.info.interrupted].value
+    if opts.journal is not None:
+        opts.journal.unlink(missing_ok=True)  # the run file holds every round now
     errored = [r.row for r in doc.records if r.status == "error"]
     if errored:
         runner.log(f"rows that errored: {errored}")
-        return 1
-    return 0
+        return FAILED
+    return PASSED
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from mrcnn_bench import dashboard  # lazy: loads torch
+
     for p in dashboard.build(args.paths, Path(args.out)):
         print(p)
-    return 0
+    return PASSED
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from mrcnn_bench import ab  # lazy: loads torch
+
     return ab.compare(compare_options(args))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
+    from mrcnn_bench import gate  # lazy: loads torch
+
     return gate.run_gate(gate_options(args))
 
 
@@ -215,8 +292,26 @@ def cmd_check_benchmarks(args: argparse.Namespace) -> int:
     print(f"benchmarks that ran: {len(expected & ran)} of the {len(expected)} expected cases")
     if missing:
         print(f"error: these expected cases did not run: {missing}", file=sys.stderr)
-        return 1
-    return 0
+        return FAILED
+    return PASSED
+
+
+def cmd_export_db(args: argparse.Namespace) -> int:
+    from mrcnn_bench import benchmark_db, store  # lazy: loads torch
+
+    rows = benchmark_db.export([doc for _, doc in store.load_runs(args.paths)])
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(f"wrote {len(rows)} records to {out}")
+    return PASSED
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from mrcnn_bench import inventory  # lazy: checking the backends loads torch
+
+    print(json.dumps(inventory.inventory(), indent=1) if args.json else inventory.text())
+    return PASSED
 
 
 def run_lazy(command: str, argv: list[str]) -> int:
@@ -226,66 +321,79 @@ def run_lazy(command: str, argv: list[str]) -> int:
         module = importlib.import_module(module_name)
     except ImportError as e:
         raise ValueError(f"{module_name} cannot be imported ({type(e).__name__}: {e})") from None
-    parser = argparse.ArgumentParser(prog=f"mrcnn-bench {command}", description=help_text)
+    parser = argparse.ArgumentParser(prog=f"{PROG} {command}", description=help_text)
     module.add_arguments(parser)
-    return int(module.run(parser.parse_args(argv)) or 0)
+    return int(module.run(parser.parse_args(argv)) or PASSED)
 
 
 def add_gate_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", default="tiny", help="preset of the compile-count cases (default: tiny)")
+    p.add_argument("--preset", default="tiny",
+                   help=f"preset of the compile-count cases: {', '.join(sorted(PRESETS))} (default: %(default)s)")
     p.add_argument("--cases", default=None,
-                   help=f"compile-count cases (default: the baseline's; {gate.GATE_CASES} with --write-baseline)")
+                   help="compile-count cases, comma list (default: the baseline's; "
+                        f"{','.join(defaults.GATE_CASES)} with --write-baseline)")
     p.add_argument("--baseline", default=None, help="compile baseline (default: results/baselines/gate_<preset>.json)")
     p.add_argument("--write-baseline", action="store_true",
                    help="record the measured counts as the baseline (from a tree clean outside results/)")
     p.add_argument("--skip-compile", action="store_true", help="skip the compile-count check")
     p.add_argument("--accuracy", default="ci", metavar="RECIPE",
-                   help="accuracy-gate recipe (default: ci); 'none' to skip")
+                   help="accuracy-gate recipe (default: %(default)s); 'none' to skip")
     p.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training the recipe")
     p.add_argument("--accuracy-out", default=None, metavar="DIR",
                    help="keep the accuracy run's training output here (metrics.jsonl curve, checkpoints)")
     p.add_argument("--latency-against", default=None, metavar="REF",
-                   help="also gate latency: the working tree against this git ref, interleaved")
-    p.add_argument("--latency-cases", default="static/eager")
-    p.add_argument("--latency-rounds", type=int, default=None)
-    p.add_argument("--inject", choices=INJECTIONS, default=None,
+                   help="also gate latency: the working tree against this git ref, interleaved "
+                        f"({defaults.TEST}, threshold {defaults.THRESHOLD:.0%})".replace("%", "%%"))
+    p.add_argument("--latency-cases", default=defaults.COMPARE_CASES, metavar="CASES",
+                   help="cases of the latency check, comma list (default: %(default)s)")
+    p.add_argument("--latency-rounds", type=int, default=defaults.COMPARE_ROUNDS, metavar="N",
+                   help="interleaved rounds of the latency check (default: %(default)s)")
+    p.add_argument("--inject", choices=defaults.INJECTIONS, default=None,
                    help="test only: inject a fault (recompile: pad images tightly) to show the gate fails")
     p.add_argument("--out", default=None, metavar="FILE", help="write the measurements and verdicts as JSON")
+    add_progress_flag(p)
 
 
 def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="run file (.json), or git ref / checkout directory to run live")
     p.add_argument("b", help="run file (.json), or git ref / checkout directory to run live")
-    add_run_arguments(p)
+    add_run_arguments(p, rounds=defaults.COMPARE_ROUNDS, cases=f"{defaults.COMPARE_CASES} when live, "
+                      "every row both run files hold")
     p.add_argument("--set-a", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
                    help="config override for A only (live)")
     p.add_argument("--set-b", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
                    help="config override for B only (live)")
     p.add_argument("--inject-slowdown", type=float, default=0.0, metavar="FRACTION",
                    help="B only (live): about this fraction of extra inference work, outputs unchanged "
-                        "(e.g. 0.1; tests the latency gate)")
+                        "(e.g. 0.1; tests the latency gate; default: %(default)s)")
     p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
-                   help="the same for A")
-    p.add_argument("--threshold", type=float, default=None,
-                   help=f"relative slowdown that counts (default: {stats.DEFAULT_THRESHOLD:g})")
-    p.add_argument("--alpha", type=float, default=ab.DEFAULT_ALPHA,
-                   help="family-wise error rate over the cases (Holm); default %(default)s")
-    p.set_defaults(rounds=None)
+                   help="the same for A (default: %(default)s)")
+    p.add_argument("--threshold", type=float, default=defaults.THRESHOLD,
+                   help="relative slowdown that counts (default: %(default)s)")
+    p.add_argument("--alpha", type=float, default=defaults.ALPHA,
+                   help="family-wise error rate over the cases (Holm; default: %(default)s)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mrcnn-bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=version_text(PROG))
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="run the matrix interleaved; print the table; write JSON/MD/CSV/HTML")
-    add_run_arguments(p)
+    add_run_arguments(p, rounds=defaults.RUN_ROUNDS, cases="all")
     p.add_argument("--out", default=None, metavar="DIR", help="write DIR/<name>.json, .md, .csv, .html, .png")
     p.add_argument("--name", default=None, help="file stem (default: run_<preset>)")
-    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-plots", action="store_true", help="write no PNG plots (the tables and HTML still)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the interrupted run of the same --out, --name and options: every row is set "
+                        "up and warmed up again, then the remaining rounds are timed")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("compare", help="A against B: ratios, Mann-Whitney, regressions flagged")
+    about = (f"B against A, flagged when slower by more than the threshold: {defaults.TEST}, Holm-corrected "
+             "over the cases")
+    p = sub.add_parser("compare", help=f"A against B: ratios, {defaults.TEST}, regressions flagged",
+                       description=about)
     add_compare_arguments(p)
     p.set_defaults(func=cmd_compare)
 
@@ -306,49 +414,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="tables and plots of run files, and the HTML dashboard over them")
     p.add_argument("paths", nargs="+", help="run files or folders of them (several machines merge)")
-    p.add_argument("--out", default="results/report",
-                   help="output folder (default: results/report; not under results/html, which asv publish empties)")
+    p.add_argument("--out", default=defaults.REPORT_OUT,
+                   help="output folder (default: %(default)s; not under results/html, which asv publish empties)")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("export-db", help="run files as records of PyTorch's open-source benchmark database (v3)")
+    p.add_argument("paths", nargs="+", help="run files or folders of them")
+    p.add_argument("--out", required=True, metavar="FILE", help="the JSON list of records to write")
+    p.set_defaults(func=cmd_export_db)
+
+    p = sub.add_parser("list", help="cases, presets and backends, and which of them run on this machine")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    p.set_defaults(func=cmd_list)
     return parser
-
-
-REPORT_BUG = "this is a bug in mrcnn-bench: report it to the mrcnn maintainers with the full command and this message"
-DEBUG_ENV = "MRCNN_BENCH_DEBUG"  # =1: also print an internal error's traceback
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv``, run the command; the exit code of the module docstring's table."""
-    command = "?"
-    try:
+    state = {"command": ""}
+
+    def run() -> int:
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
-        command = args.command
-        if rest and command not in LAZY_COMMANDS:
+        state["command"] = args.command
+        if args.command in LAZY_COMMANDS:
+            return run_lazy(args.command, rest)
+        if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        if command in LAZY_COMMANDS:
-            return run_lazy(command, rest)
-        return int(args.func(args) or 0)
-    except SystemExit as e:  # argparse: usage errors (2, its message printed) and --help (0)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
-    except (ValueError, OSError) as e:
-        print(f"mrcnn-bench {command}: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # anything else is a bug: one line, and where the traceback went
-        return internal_error(command, e)
+        return args.func(args)
 
-
-def internal_error(command: str, e: Exception) -> int:
-    """Report an unexpected exception in two lines (the traceback goes to a log file); exit code 3."""
-    text = traceback.format_exc()
-    fd, log = tempfile.mkstemp(prefix="mrcnn-bench-error-", suffix=".log")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    if os.environ.get(DEBUG_ENV) == "1":
-        print(text, file=sys.stderr, end="")
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    print(f"mrcnn-bench {command}: internal error: {type(e).__name__}: {first} (traceback in {log})", file=sys.stderr)
-    print(f"mrcnn-bench: {REPORT_BUG}", file=sys.stderr)
-    return 3
+    return guarded(PROG, run, lambda: state["command"])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import mrcnn.transform
 from mrcnn.config import Config, get_config
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import synthetic_weights, textured_images
+from mrcnn_bench import defaults
 from mrcnn_bench.backends import dynamo_reasons
 from mrcnn_bench.cases import CASES, Row, Workload
 from mrcnn_bench.context import Context
@@ -33,7 +34,6 @@ from mrcnn_bench.probes import case_flops
 # Their aspect ratios differ, so resized they are 320 x 369..426: padded tightly (as torchvision pads)
 # they would make three shapes. A static model compiles once per canvas bucket, whatever the sizes.
 GATE_SIZES = ((240, 320), (250, 300), (260, 300), (270, 330), (230, 300), (320, 240), (300, 250))
-INJECTIONS = ("recompile",)
 MEASURE_THREADS = max(1, min(2, os.cpu_count() or 1))  # counts do not depend on it; compile time does
 CALL_LOG_PREFIX = "mrcnn-bench gate: call"  # the line before each call: the gate finds XLA's reports by it
 
@@ -47,7 +47,7 @@ def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict
     if inject == "recompile":
         _inject_recompile()
     elif inject is not None:
-        raise ValueError(f"unknown fault {inject!r}; choose from {INJECTIONS}")
+        raise ValueError(f"unknown fault {inject!r}; choose from {defaults.INJECTIONS}")
     torch.set_num_threads(MEASURE_THREADS)
     case = CASES[case_name]
     cfg = get_config(preset)
@@ -129,7 +129,7 @@ def jsonable(x: Any) -> Any:
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4):
-        print(f"usage: python -m mrcnn_bench.compile_probe CASE PRESET OUT.json [{'|'.join(INJECTIONS)}]",
+        print(f"usage: python -m mrcnn_bench.compile_probe CASE PRESET OUT.json [{'|'.join(defaults.INJECTIONS)}]",
               file=sys.stderr)
         return 2
     case_name, preset, out = argv[:3]

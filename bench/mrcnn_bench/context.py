@@ -42,9 +42,9 @@ class Context:
     # inference weights give outputs too large for SGD: the loss diverges within three steps).
     train_weights: dict[str, Tensor] = field(default_factory=dict)
 
-    def config(self, variant: Variant) -> Config:
-        """The run's config with the variant's own overrides on top."""
-        return get_config(self.preset, **{**self.overrides, **dict(variant.overrides)})
+    def config(self, variant: Variant, case_overrides: tuple[tuple[str, Any], ...] = ()) -> Config:
+        """The run's config with a case's overrides (``Case.overrides``) and the variant's on top."""
+        return get_config(self.preset, **{**self.overrides, **dict(case_overrides), **dict(variant.overrides)})
 
     def call_images(self, index: int) -> list[Tensor]:
         """The images of call ``index``: ``batch_size`` of them, cycling over the generated ones."""

@@ -3,7 +3,8 @@
 Writes, into the output folder: each run's own report (table, plots), ``all_records.csv`` (every
 record of every run, environment included), and ``index.html`` with the merged table: one line
 per (preset, case), one column per run, cells = median seconds per call (ratio to torchvision
-eager), so records from a GPU box, a TPU VM and this CPU read side by side.
+eager), so records from a GPU box, a TPU VM and this CPU read side by side; under it, the geometric
+mean of the ratios by backend and compiler over every run.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ def build(paths: list[str], out_dir: Path) -> list[Path]:
     csv = out_dir / "all_records.csv"
     records.drop(columns=["times_s", "reasons", "counters_end"], errors="ignore").to_csv(csv, index=False)
     merged = merged_frame([doc for _, doc in runs])
+    summary = report.geomean_frame([doc.records for doc in {str(file): doc for file, doc in runs}.values()])
     index = out_dir / "index.html"
     index.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>mrcnn-bench dashboard</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}
@@ -80,6 +82,8 @@ td,th{{border:1px solid #ccc;padding:3px 6px}} th{{background:#f0f0f0}}</style><
 <p>Median seconds per call (ratio to the same run's torchvision eager; for training rows, to torchvision's
 training step). Across commits over time, see the asv dashboard (<a href="../html/index.html">results/html</a>).</p>
 {merged.to_html()}
+<h2>{html.escape(report.GEOMEAN_TITLE.replace("``", ""))}, over every run above</h2>
+{summary.to_html(index=False, float_format="%.3f")}
 <h2>Runs</h2><ul>{''.join(links)}</ul>
 <p>Every record, with its environment: <a href="all_records.csv">all_records.csv</a>.</p></body></html>
 """)

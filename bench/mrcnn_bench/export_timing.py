@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mrcnn.exits import guarded
 from mrcnn.export import DeployableMaskRCNN, DeployedModel, ExportMeta, load_exported, read_meta, tensor_ops_model
 from mrcnn.export.cli import usable_cores
 from mrcnn.export.compare import check_images, check_outputs, describe_check, mismatches
@@ -53,10 +54,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("packages", nargs="+", metavar="PACKAGE", help=".pt2 packages written by mrcnn export")
     parser.add_argument("--weights", default=None,
                         help="torchvision state_dict the packages were exported from (default: synthetic from --seed)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights and generated image")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the synthetic weights and generated image (default: %(default)s)")
     parser.add_argument("--image", default=None, metavar="PPM",
                         help="image to run on (default: a generated one, as mrcnn export --check uses)")
-    parser.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default: 10)")
+    parser.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default: %(default)s)")
     parser.add_argument("--ops-impl", default="auto", choices=("auto", "torchvision"),
                         help="ops of the second eager row (default: auto, the presets' own)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mrcnn-bench export-time", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return guarded("mrcnn-bench", lambda: run(parser.parse_args(argv)), lambda: "export-time")
 
 
 if __name__ == "__main__":

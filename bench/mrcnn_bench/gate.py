@@ -40,14 +40,13 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn.recipes import get_recipe
-from mrcnn_bench import ab
+from mrcnn_bench import ab, defaults
 from mrcnn_bench.accuracy_baseline import default_baseline_path, load_baseline
 from mrcnn_bench.cases import Case, default_time_limit, default_workload, parse_cases
 from mrcnn_bench.compile_probe import GATE_SIZES, MEASURE_THREADS, jsonable, xla_compile_causes
 from mrcnn_bench.runner import RunOptions
 from mrcnn_bench.store import REPO, environment, git
 
-GATE_CASES = ("static/inductor", "static/xla")
 GATED = ("unique_graphs", "graph_breaks", "recompiles", "uncached_compile", "fallback_ops", "flops")
 LATENCY_PRESET = "tiny"  # the latency check runs compare's defaults (the gate's --preset is the compile check's)
 REBASELINE = "mrcnn-bench gate --write-baseline --accuracy none"
@@ -58,7 +57,7 @@ class GateOptions:
     """What ``mrcnn-bench gate`` checks, and where it writes."""
 
     preset: str = "tiny"  # of the compile-count cases
-    cases: list[Case] | None = None  # default: the baseline's cases (GATE_CASES when writing the baseline)
+    cases: list[Case] | None = None  # default: the baseline's cases (defaults.GATE_CASES when writing the baseline)
     baseline: str | None = None  # default: results/baselines/gate_<preset>.json
     write_baseline: bool = False
     require_clean_tree: bool = True  # write a baseline in the repo only from a tree clean outside results/
@@ -67,10 +66,11 @@ class GateOptions:
     checkpoint: str | None = None  # evaluate this instead of training the recipe
     accuracy_out: str | None = None  # keep the accuracy run's training output here
     latency_against: str | None = None  # git ref: also gate latency, the working tree against it
-    latency_cases: list[Case] = field(default_factory=lambda: parse_cases("static/eager"))
+    latency_cases: list[Case] = field(default_factory=lambda: parse_cases(defaults.COMPARE_CASES))
     latency_rounds: int | None = None  # default: compare's
-    inject: str | None = None  # test only: a fault of compile_probe.INJECTIONS
+    inject: str | None = None  # test only: a fault of defaults.INJECTIONS
     out: str | None = None  # write the measurements and verdicts as JSON
+    progress: bool = True  # of the accuracy check's training (mrcnn.progress)
 
 
 @dataclass
@@ -133,7 +133,7 @@ def compile_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
             raise ValueError("--inject with --write-baseline would record the fault as the baseline")
         check_clean_tree(opts)
         base: dict[str, Any] = {}
-        cases = opts.cases or parse_cases(",".join(GATE_CASES))
+        cases = opts.cases or parse_cases(",".join(defaults.GATE_CASES))
     else:
         base = load_compile_baseline(path, opts.preset)
         cases = opts.cases or parse_cases(",".join(base))
@@ -333,7 +333,7 @@ def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
     from mrcnn_bench import accuracy_gate
 
     options = accuracy_gate.AccuracyOptions(recipe=opts.accuracy, checkpoint=opts.checkpoint,
-                                            out_dir=opts.accuracy_out, progress=True)
+                                            out_dir=opts.accuracy_out, progress=opts.progress)
     result = accuracy_gate.check_accuracy(options)
     report["accuracy"] = {"passed": result.passed, "messages": list(result.messages), "metrics": result.metrics,
                           "wall_time_s": result.wall_time}
@@ -346,7 +346,7 @@ def check_latency(opts: GateOptions, report: dict[str, Any]) -> Verdict:
     """The working tree against ``latency_against``, interleaved: a failure per flagged regression."""
     assert opts.latency_against is not None
     run = RunOptions(workload=default_workload(LATENCY_PRESET), rows=[],
-                     rounds=opts.latency_rounds or ab.DEFAULT_COMPARE_ROUNDS,
+                     rounds=opts.latency_rounds or defaults.COMPARE_ROUNDS,
                      time_limit=default_time_limit(LATENCY_PRESET), peak_reps=0, flops=False)
     compare = ab.CompareOptions(opts.latency_against, ".", cases=opts.latency_cases, run=run)
     recs_a, recs_b, _ = ab.run_live(compare)

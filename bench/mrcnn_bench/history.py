@@ -3,8 +3,10 @@
 :func:`measure_commit` runs, one after another and each in a fresh subprocess of the interpreter
 asv installed the commit into:
 
-- every case of :data:`mrcnn_bench.cases.TRACKED` timed against the ruler
-  (``python -m mrcnn_bench.interleaved``);
+- every case of :data:`mrcnn_bench.cases.TRACKED` timed against the ruler in :data:`PROCESSES`
+  processes (``python -m mrcnn_bench.interleaved``), each with its share of the case's time budget,
+  process ``p`` of every case before process ``p + 1`` of any, then pooled
+  (:func:`mrcnn_bench.interleaved.pool`: the median of the processes' median ratios);
 - the compile probe of each compiled case (``python -m mrcnn_bench.compile_probe``: one call per
   gate size, the backends' own counters);
 - the fixed checkpoint's AP with the commit's inference (``python -m mrcnn_bench.fixed_accuracy``).
@@ -28,10 +30,14 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRACKED
-from mrcnn_bench.interleaved import DEFAULT_BUDGET_S
+from mrcnn_bench.interleaved import DEFAULT_BUDGET_S, CaseRecord, pool
 
 _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
+# Processes per timed case and commit. One process draws a level of its own that its rounds cannot
+# average away (results/asv/README.md: main's history); pooling several is measured by an A/A with
+# `history_spread.py --processes 3` before the suite's default changes (the committed history used 1).
+PROCESSES = 1
 # Tracked compile counters: name shown in asv -> key of the compile probe's record. A case has the
 # counters of its backend or compiler only (XLA's two, or dynamo's three).
 COUNTERS = {
@@ -103,16 +109,19 @@ def compiled(case: str) -> bool:
 
 
 def measure_commit(
-    cases: Sequence[str] = TRACKED, budget_s: float = DEFAULT_BUDGET_S, accuracy: bool = True
+    cases: Sequence[str] = TRACKED, budget_s: float = DEFAULT_BUDGET_S, accuracy: bool = True,
+    processes: int = PROCESSES,
 ) -> CommitRecord:
     """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr)."""
+    share = str(budget_s / processes)
     plan: list[tuple[str, str, list[str]]] = [
-        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", str(budget_s)]) for c in cases
+        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", share]) for _ in range(processes) for c in cases
     ]
     plan += [("compiles", c, ["mrcnn_bench.compile_probe", c, QUICK_WORKLOAD.preset]) for c in cases if compiled(c)]
     if accuracy:
         plan.append(("accuracy", "", ["mrcnn_bench.fixed_accuracy", "evaluate"]))
-    parts: dict[str, dict[str, Part]] = {"timing": {}, "compiles": {}, "accuracy": {}}
+    timing: dict[str, list[Part]] = {}
+    parts: dict[str, dict[str, Part]] = {"compiles": {}, "accuracy": {}}
     for k, (kind, case, args) in enumerate(plan, 1):
         print(f"[{k}/{len(plan)}] {kind} {case}".rstrip(), file=sys.stderr, flush=True)
         part = run_part(args)
@@ -122,6 +131,21 @@ def measure_commit(
             file=sys.stderr,
             flush=True,
         )
-        parts[kind][case] = part
+        if kind == "timing":
+            timing.setdefault(case, []).append(part)
+        else:
+            parts[kind][case] = part
     no_accuracy = Part(None, "accuracy not measured", 0.0, skipped=True)
-    return CommitRecord(parts["timing"], parts["compiles"], parts["accuracy"].get("", no_accuracy))
+    pooled = {case: pooled_part(ps) for case, ps in timing.items()}
+    return CommitRecord(pooled, parts["compiles"], parts["accuracy"].get("", no_accuracy))
+
+
+def pooled_part(parts: Sequence[Part]) -> Part:
+    """The processes of one case as one part; the first that failed or was skipped if any did (a
+    figure from fewer processes than planned is not the figure the history tracks)."""
+    seconds = sum(p.seconds for p in parts)
+    bad = next((p for p in parts if p.record is None), None)
+    if bad is not None:
+        return dataclasses.replace(bad, seconds=seconds)
+    records = [CaseRecord.from_dict(p.record) for p in parts if p.record is not None]
+    return Part(pool(records).to_dict(), None, seconds)

@@ -12,8 +12,9 @@ The record holds every timed round, the median of the per-round ratios (case / r
 medians, the peak memory of the case's own calls after warm-up, FLOPs per call and the load
 average around the rounds.
 
-Each case gets its own process (asv's ``setup_cache`` starts one per case), so no case's compiled
-code, caches or allocator state can change another's numbers.
+Each case gets its own processes (:func:`mrcnn_bench.history.measure_commit` starts several per
+case and pools them with :func:`pool`), so no case's compiled code, caches or allocator state can
+change another's numbers, and no one process's level decides a commit's figure.
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 # Why these: results/asv/README.md (A/A spread of the ratios over repeated runs of one commit).
-DEFAULT_BUDGET_S = 40.0
-MIN_ROUNDS, MAX_ROUNDS = 20, 200
+DEFAULT_BUDGET_S = 40.0  # per case and commit, shared by its processes
+MIN_ROUNDS, MAX_ROUNDS = 10, 200  # per process
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,51 @@ class CaseRecord:
     flops: float | None  # per call, eager CPU model (FlopCounterMode); None for training
     loadavg_before: float
     loadavg_after: float
+    processes: int = 1  # how many processes the rounds come from (pool)
+    ratio_per_process: list[float] = field(default_factory=list)  # each process's median ratio
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CaseRecord:
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        """The record ``to_dict`` wrote (records from before pooling read as one process)."""
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+def pool(records: Sequence[CaseRecord]) -> CaseRecord:
+    """Several processes' records of one case as one: the rounds of all of them, and as the figure
+    the median of the processes' median ratios.
+
+    A process draws a level of its own (where the allocator puts buffers, which cores its threads
+    land on) that rounds within it cannot average away; the median over processes keeps one odd
+    process from deciding a commit's figure. The first result is the first process's (the later
+    ones may find compiled code in the inductor cache it filled).
+    """
+    if not records:
+        raise ValueError("no records to pool")
+    first, last = records[0], records[-1]
+    if len({r.case for r in records}) != 1:
+        raise ValueError(f"records of different cases: {sorted({r.case for r in records})}")
+    case_s = [t for r in records for t in r.case_s]
+    ruler_s = [t for r in records for t in r.ruler_s]
+    per_process = [r.ratio_median for r in records]
+    q1, _, q3 = _quartiles([c / r for c, r in zip(case_s, ruler_s, strict=True)])
+    return dataclasses.replace(
+        first,
+        rounds=len(case_s),
+        case_s=case_s,
+        ruler_s=ruler_s,
+        ratio_median=statistics.median(per_process),
+        ratio_q1=q1,
+        ratio_q3=q3,
+        seconds_median=statistics.median(r.seconds_median for r in records),
+        ruler_seconds_median=statistics.median(r.ruler_seconds_median for r in records),
+        peak_memory_gb=max(r.peak_memory_gb for r in records),
+        loadavg_after=last.loadavg_after,
+        processes=len(records),
+        ratio_per_process=per_process,
+    )
 
 
 def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -172,6 +211,7 @@ def measure(
         flops=flops,
         loadavg_before=load_before,
         loadavg_after=load_after,
+        ratio_per_process=[med],
     )
 
 

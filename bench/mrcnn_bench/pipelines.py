@@ -11,10 +11,14 @@ new way of compiling is one more builder::
 
     @register_pipeline("my_compiler")
     def build_mine(model: nn.Module, case: Case, slowdown: float) -> Compiled: ...
+
+Implementations and compilers registered by users' modules (:func:`mrcnn_bench.cases.add_case`)
+name their builders as ``"module:function"``; they are imported when a row first needs them.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +35,7 @@ from mrcnn.structures import Detections, ImageBatch, Targets
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights
 from mrcnn_bench import backends
-from mrcnn_bench.cases import Case, Row
+from mrcnn_bench.cases import COMPILERS, IMPLEMENTATIONS, Case, Row
 from mrcnn_bench.context import Context
 from mrcnn_bench.slowdown import inject_slowdown
 
@@ -74,7 +78,7 @@ def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
 def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """torch.compile. Static inference and every training forward in one graph (fullgraph);
     torchvision's inference breaks graphs by design. Backward goes through AOTAutograd."""
-    fullgraph = case.impl == "static" or case.phase == "training"
+    fullgraph = case.interface == "static" or case.phase == "training"
     return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
 
 
@@ -120,6 +124,24 @@ MODELS: dict[str, Callable[[Config, dict[str, Tensor]], nn.Module]] = {
 }
 
 
+def _resolve(path: str, what: str) -> Callable[..., Any]:
+    module, _, name = path.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{what} builder {path!r} cannot be loaded ({type(e).__name__}: {e})") from None
+
+
+def model_builder(impl: str) -> Callable[[Config, dict[str, Tensor]], nn.Module]:
+    """The builder of an implementation: built in, or a user's ``module:function``."""
+    return MODELS.get(impl) or _resolve(IMPLEMENTATIONS[impl].builder, f"implementation {impl!r}")
+
+
+def compiler_builder(compiler: str) -> Builder:
+    """The builder of a compiler: built in, or a user's ``module:function``."""
+    return PIPELINES.get(compiler) or _resolve(COMPILERS[compiler], f"compiler {compiler!r}")
+
+
 def compact(outputs: Outputs) -> Outputs:
     """CPU copies with masks thresholded to bool: 1/4 of the memory, same parity statistics."""
     out = []
@@ -138,7 +160,7 @@ class Pipeline:
     def __init__(self, row: Row, ctx: Context) -> None:
         self.row, self.ctx = row, ctx
         self.case = row.case
-        self.cfg = ctx.config(row.variant)
+        self.cfg = ctx.config(row.variant, row.case.overrides)
         self.device = backends.device(self.case.backend)
         self.model: nn.Module | None = None
         self._compiled: Compiled | None = None
@@ -150,16 +172,16 @@ class Pipeline:
         case, ctx, slowdown = self.case, self.ctx, self.row.variant.slowdown
         torch.manual_seed(ctx.seed)
         training = case.phase == "training"
-        model = MODELS[case.impl](self.cfg, ctx.train_weights if training else ctx.weights)
+        model = model_builder(case.impl)(self.cfg, ctx.train_weights if training else ctx.weights)
         self.model = model = model.train(training).to(self.device)
         if slowdown:
             inject_slowdown(model, slowdown)
-        self._compiled = PIPELINES[case.compiler](model, case, slowdown)
+        self._compiled = compiler_builder(case.compiler)(model, case, slowdown)
         forward = self._compiled.forward
         if training:
             self._fn = self._training_step(forward)
             return
-        wrap = self._torchvision_inference if case.impl == "torchvision" else self._static_inference
+        wrap = self._torchvision_inference if case.interface == "torchvision" else self._static_inference
         self._infer = wrap(forward)
         self._fn = lambda index: self.infer(ctx.call_images(index))
 
@@ -221,7 +243,7 @@ class Pipeline:
         # commits that compare runs: one group over the trainable parameters, decay on all.
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
-        if self.case.impl == "torchvision":
+        if self.case.interface == "torchvision":
             images = [img.float().div(255).to(dev) for img, _ in samples]
             targets = [{k: t[k].to(dev) for k in ("boxes", "labels", "masks")} for _, t in samples]
             inputs: tuple[Any, ...] = (images, targets)

@@ -71,11 +71,30 @@ def case_flops(row: Row, ctx: Context) -> float:
 
 
 def machine_state(pids: list[int] | None = None) -> dict[str, float]:
-    """Load average, available memory and resident sizes (GB): what else was using the machine."""
-    state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0]}
+    """What else was using the machine: load average, available memory, resident sizes (GB), and the
+    cumulative CPU seconds of the whole machine and of this run's own processes (``cpu_busy_s``,
+    ``own_cpu_s``, ``steal_s``, at ``wall_s``), from which :func:`mrcnn_bench.report.other_load` tells
+    how many cores other processes used between two states. The 1-minute load average alone counts
+    the run's own threads."""
+    state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0], "wall_s": time.monotonic()}
     with contextlib.suppress(OSError, ValueError, IndexError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
                 state["mem_available_gb"] = int(line.split()[1]) / 2**20
     state["rss_gb"] = sum(backends.proc_status_gb("VmRSS", pid) for pid in [os.getpid(), *(pids or [])])
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        # /proc/stat "cpu": user nice system idle iowait irq softirq steal ... in clock ticks, all CPUs.
+        ticks = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        state["cpu_busy_s"] = (sum(ticks[:3]) + sum(ticks[5:7])) / hz
+        state["steal_s"] = (ticks[7] if len(ticks) > 7 else 0) / hz
+        state["own_cpu_s"] = sum(_cpu_seconds(pid) for pid in [os.getpid(), *(pids or [])])
     return state
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (its threads included), in seconds; 0 for one that is gone."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 
 from mrcnn_bench.backends import Backend
-from mrcnn_bench.cases import TRAIN_BATCH, Compiler, Impl, Phase, Precision, Row, Workload
+from mrcnn_bench.cases import TRAIN_BATCH, Phase, Precision, Row, Workload
 from mrcnn_bench.parity import aggregate_parity
 
 SCHEMA = 1
@@ -68,9 +68,9 @@ class Record:
     variant: str = ""
     variant_code: str | None = None
     variant_overrides: dict[str, Any] = field(default_factory=dict)
-    impl: Impl = "static"
+    impl: str = "static"  # a key of cases.IMPLEMENTATIONS
     backend: Backend = "cpu"
-    compiler: Compiler = "eager"
+    compiler: str = "eager"  # a key of cases.COMPILERS
     precision: Precision = "fp32"
     phase: Phase = "inference"
     preset: str = ""
@@ -145,10 +145,16 @@ class RunInfo:
     total_s: float = NAN
     threads: int = 1
     options: dict[str, Any] = field(default_factory=dict)  # rounds, warmup, seed, cache, COCO root, overrides
+    interrupted: str = ""  # the signal that stopped the run (SIGTERM, SIGINT) before its last round
+    resumed_from_round: int = 0  # rounds read back from the journal of an interrupted run (--resume)
+    ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.ceiling.Ceiling, as a dict
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["workload"] = self.workload.to_dict()
+        for name in _WRITTEN_WHEN_SET:  # added later: absent means unset, so older run files read back the same
+            if not out[name]:
+                del out[name]
         return out
 
     @classmethod
@@ -161,6 +167,9 @@ class RunInfo:
         if "workload" in d:
             values["workload"] = Workload.from_dict(d["workload"])
         return cls(**values)
+
+
+_WRITTEN_WHEN_SET = ("interrupted", "resumed_from_round", "ceiling")
 
 
 @dataclass
@@ -202,8 +211,8 @@ def _delta(a: dict[str, float], b: dict[str, float], key: str) -> float:
 
 
 def variant_overrides(row: Row) -> dict[str, Any]:
-    """The variant's config overrides, and its slowdown under the name run files have always used."""
-    out = dict(row.variant.overrides)
+    """The case's and the variant's config overrides, and the slowdown under the name run files have always used."""
+    out = {**dict(row.case.overrides), **dict(row.variant.overrides)}
     if row.variant.slowdown:
         out["inject_slowdown"] = row.variant.slowdown
     return out
@@ -216,11 +225,16 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
     measured = med == med
     images_per_call = TRAIN_BATCH if case.phase == "training" else workload.batch_size
     tag = "bf16" if case.precision == "bf16" else "fp32"
-    peak = max((v for k, v in run.peaks.items() if k.endswith(tag)), default=NAN)
+    # The machine's fixed ceiling (mrcnn_bench.ceiling) where measured; older run files: their kernel peaks.
+    peak = run.ceiling.get(f"{tag}_gflops", NAN) if run.ceiling else NAN
+    if peak != peak:
+        peak = max((v for k, v in run.peaks.items() if k.endswith(tag)), default=NAN)
     gflops = r.flops / med / 1e9 if measured else NAN
     warm, rounds, start = r.counters_warm, r.counters_rounds, r.counters_start
     par = aggregate_parity(r.parity) if r.parity else None
-    status = "error" if r.status == "ok" and not r.times and run.options["rounds"] > 0 else r.status
+    # A row that ran no round errored, unless the run was stopped before its rounds.
+    no_rounds = r.status == "ok" and not r.times and run.options["rounds"] > 0 and not run.interrupted
+    status = "error" if no_rounds else r.status
     return Record(
         row=r.row.name, case=case.name, variant=r.row.variant.label, variant_code=r.row.variant.code,
         variant_overrides=variant_overrides(r.row), impl=case.impl, backend=case.backend, compiler=case.compiler,

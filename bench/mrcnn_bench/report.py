@@ -1,28 +1,35 @@
 """Reports from records: the comparison table (markdown, CSV, HTML via pandas), plots, the dashboard.
 
-The table is one line per row: latency (the number ``n`` of timed calls, median, IQR, ratio to
-torchvision eager; none of them from fewer than ``MIN_SAMPLES`` calls), time to first
+The table is one line per row: latency (the number ``n`` of timed calls, median, IQR, the 90th and
+99th percentiles, ratio to torchvision eager; none of them from fewer than ``MIN_SAMPLES`` calls,
+and a percentile only from enough calls to reach it: :data:`TAIL_MIN_SAMPLES`), time to first
 result and compile time, compile counts and graph breaks, training throughput, GFLOP/s as a
-fraction of the machine's peak, peak memory, parity with torchvision, and the issue's target for
-that row with its verdict.
+fraction of the machine's peak, peak memory, parity with torchvision, and the project's speed goal for
+that row with its verdict. Under it, a summary by backend and compiler: the geometric mean of the
+rows' ratios to torchvision eager (:func:`geomean_frame`), as TorchInductor's dashboard summarises.
 """
 
 from __future__ import annotations
 
 import html
+import itertools
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
+from scipy.stats import gmean
 
 from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
 from mrcnn_bench.records import Record, RunDocument
-from mrcnn_bench.stats import MIN_SAMPLES
+from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
 
 TABLE_COLUMNS = [
-    "row", "status", "n", "median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
-    "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap", "parity", "target",
+    "row", "status", "n", "median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "ratio_ci95", "images_per_s",
+    "first_result_s",
+    "compile_s", "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap", "parity", "target",
 ]
 
 
@@ -34,6 +41,18 @@ def as_number(x: Any) -> float:
 def median(rec: Record) -> float:
     """The record's median seconds per call; NaN from fewer than :data:`MIN_SAMPLES` timed calls."""
     return as_number(rec.median_s) if len(rec.times_s) >= MIN_SAMPLES else math.nan
+
+
+# A q-quantile is reported only from at least 1 / (1 - q) timed calls: with fewer, no sample lies
+# above it and the "percentile" is an interpolation towards the maximum.
+TAIL_MIN_SAMPLES = {0.90: 10, 0.99: 100}
+
+
+def tail(rec: Record, q: float) -> float:
+    """The ``q`` quantile of the record's timed calls (linear interpolation); NaN from too few calls."""
+    if len(rec.times_s) < TAIL_MIN_SAMPLES[q]:
+        return math.nan
+    return float(np.quantile(rec.times_s, q))
 
 
 def too_few(rec: Record) -> str:
@@ -61,24 +80,38 @@ def _parity_ok(rec: Record) -> bool:
             >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
 
 
-def target_verdict(rec: Record, medians: dict[str, float]) -> str:
-    """The issue's speed target for this row's case and whether it was met (parity included)."""
+def ratio_interval(rec: Record, ref: Record | None) -> str:
+    """95% bootstrap interval of the median per-round ratio to the reference row (rows timed in the
+    same rounds), as "[low, high]"; "" when the rounds cannot be paired or are too few."""
+    if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
+        return ""
+    _, low, high = paired_ratio_ci(ref.times_s, rec.times_s)
+    return f"[{low:.3g}, {high:.3g}]"
+
+
+def target_verdict(rec: Record, medians: dict[str, float], interval: str = "") -> str:
+    """The project's speed goal for this row's case and whether it was met (parity included), with
+    ``interval`` (the ratio's 95% interval, :func:`ratio_interval`) beside the ratio."""
     name = rec.case
     if name not in SPEED_TARGETS:
         return ""
     base, factor = SPEED_TARGETS[name]
+    if base not in (REFERENCE, TRAIN_REFERENCE):
+        interval = ""  # it is against torchvision: shown beside goals set against torchvision only
+    ci = f", 95% CI {interval}" if interval else ""
     base_med, med = medians.get(base, math.nan), median(rec)
     if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(med) or math.isnan(base_med):
             return f"{label}: not measured"
         speedup = base_med / med
-        return f"{label}: {'met' if speedup >= 1 / factor - 1e-9 else 'missed'} ({speedup:.3f}x)"
+        step = f", step-time ratio 95% CI {interval}" if interval else ""
+        return f"{label}: {'met' if speedup >= 1 / factor - 1e-9 else 'missed'} ({speedup:.3f}x{step})"
     label = f"<= {factor:g}x {'tv' if base == REFERENCE else base}"
     if math.isnan(med) or math.isnan(base_med):
         return f"{label}: not measured"
     ratio = med / base_med
-    text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x)"
+    text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x{ci})"
     if base == REFERENCE and not _parity_ok(rec):
         text += ", parity FAILED" if not math.isnan(as_number(rec.parity_matched_ref)) else ", parity not checked"
     return text
@@ -87,6 +120,7 @@ def target_verdict(rec: Record, medians: dict[str, float]) -> str:
 def table_frame(records: list[Record]) -> pd.DataFrame:
     """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
     medians = {r.case: median(r) for r in records}
+    by_case = {r.case: r for r in records}
     rows = []
     for r in records:
         ref = TRAIN_REFERENCE if r.phase == "training" else REFERENCE
@@ -96,13 +130,17 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
         if not math.isnan(as_number(r.parity_matched_ref)):
             parity = (f"{r.parity_matched_ref:.1%} / {r.parity_matched_other:.1%}, "
                       f"mask IoU {as_number(r.mask_iou_mean):.3f}")
+        interval = ratio_interval(r, by_case.get(ref))
         rows.append({
             "row": r.row,
             "status": r.status + (f": {r.detail}" if r.detail else ""),
             "n": len(r.times_s),
             "median_s": med,
             "iqr_s": as_number(r.iqr_s) * measured,
+            "p90_s": tail(r, 0.90),
+            "p99_s": tail(r, 0.99),
             "ratio_vs_tv": med / ref_med,
+            "ratio_ci95": interval,
             "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
             "compile_s": as_number(r.compile_s),
@@ -113,9 +151,40 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "box_ap": as_number(r.box_ap),
             "mask_ap": as_number(r.mask_ap),
             "parity": parity,
-            "target": target_verdict(r, medians),
+            "target": target_verdict(r, medians, interval),
         })
     return pd.DataFrame.from_records(rows, columns=TABLE_COLUMNS)
+
+
+GEOMEAN_KEYS = ["phase", "backend", "compiler", "precision"]
+
+
+def geomean_frame(groups: list[list[Record]]) -> pd.DataFrame:
+    """Per phase, backend, compiler and precision: the geometric mean of the rows' ratios to torchvision
+    (eager; its training step for training rows) over every row measured, with how many rows it rests on.
+
+    ``groups``: records that share a reference (one run, or one variant of a comparison); each row's
+    ratio is taken within its group. The reference rows (ratio 1 by definition) are left out.
+    """
+    lines = []
+    for group in groups:
+        table = table_frame(group).set_index("row")
+        for rec in group:
+            ratio = as_number(table.loc[rec.row, "ratio_vs_tv"])
+            if rec.case in (REFERENCE, TRAIN_REFERENCE) or not ratio > 0:
+                continue
+            lines.append({"phase": rec.phase, "backend": rec.backend, "compiler": rec.compiler,
+                          "precision": rec.precision, "row": rec.row, "ratio": ratio})
+    if not lines:
+        return pd.DataFrame(columns=[*GEOMEAN_KEYS, "geomean_ratio_vs_tv", "rows", "of"])
+    df = pd.DataFrame.from_records(lines)
+    summary = df.groupby(GEOMEAN_KEYS, sort=False).agg(
+        geomean_ratio_vs_tv=("ratio", gmean), rows=("ratio", "size"), of=("row", lambda r: ", ".join(dict.fromkeys(r))))
+    return summary.reset_index()
+
+
+GEOMEAN_TITLE = ("By backend and compiler: geometric mean of the rows' ratios to torchvision (lower is faster; "
+                 "``rows``: how many it rests on)")
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -129,8 +198,8 @@ def _fmt(x: Any, digits: int = 3) -> str:
 def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
     df = table_frame(doc.records).astype(object)
-    for col in ("median_s", "iqr_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s", "gflops_s",
-                "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
+    for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
+                "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
     limit = doc.run.limit_s
     for i, r in enumerate(doc.records):
@@ -141,18 +210,48 @@ def shown_frame(doc: RunDocument) -> pd.DataFrame:
     return df
 
 
+def other_load(states: list[dict[str, float]]) -> dict[str, float]:
+    """From consecutive :func:`mrcnn_bench.probes.machine_state` readings: the median over the intervals of the cores
+    other processes kept busy, and of the cores the hypervisor took (steal); {} without the counters."""
+    others, steals = [], []
+    for a, b in itertools.pairwise(states):
+        wall = b.get("wall_s", 0) - a.get("wall_s", 0)
+        if wall <= 0 or not all(k in a and k in b for k in ("cpu_busy_s", "own_cpu_s", "steal_s")):
+            continue
+        others.append(max(0.0, (b["cpu_busy_s"] - a["cpu_busy_s"]) - (b["own_cpu_s"] - a["own_cpu_s"])) / wall)
+        steals.append((b["steal_s"] - a["steal_s"]) / wall)
+    if not others:
+        return {}
+    return {"other_cores": statistics.median(others), "steal_cores": statistics.median(steals),
+            "intervals": float(len(others))}
+
+
 def notes(doc: RunDocument) -> list[str]:
     """The lines under the table: peaks, FLOPs, load, workload, environment."""
     run, env = doc.run, doc.environment
     out = []
+    c = run.ceiling
+    if c and c.get("fma_units"):
+        out.append(f"frac_peak: GFLOP/s over this machine's ceiling, {c['fp32_gflops']:.0f} GFLOP/s fp32 and "
+                   f"{c['bf16_gflops']:.0f} bf16 = {c['cores']} cores x {c['fma_units']} FMA units x "
+                   f"{c['lanes']} fp32 lanes x 2 x {c['clock_ghz']:.2f} GHz (clock and units measured by "
+                   f"{c['source']}).")
+    elif c:
+        out.append(f"frac_peak: GFLOP/s over {c['fp32_gflops']:.0f} fp32 / {c['bf16_gflops']:.0f} bf16 GFLOP/s "
+                   f"({c['source']}).")
     if run.peaks:
-        out.append("Peaks (GFLOP/s, best of start and end of run): "
+        out.append("Kernel rates (GFLOP/s, best of start and end of run): "
                    + ", ".join(f"{k} {v:.0f}" for k, v in run.peaks.items())
-                   + ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows.")
+                   + ("." if c else ". frac_peak: of the fp32 peak for fp32 rows, of the bf16 peak for bf16 rows."))
     flops = {r.case: r.flops for r in doc.records if not math.isnan(as_number(r.flops))}
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
+    if any(r.case in SPEED_TARGETS for r in doc.records):
+        out.append("target: this project's speed goal for the row, as a multiple of another row's median "
+                   "(`<= 0.7x tv`: at most 0.7 times torchvision eager's latency per call; training: at least "
+                   "that many times torchvision's training throughput), and whether this run met it; a row "
+                   "measured against torchvision must also match its detections (parity) to count as met.")
     evaluated = [r for r in doc.records if r.eval_images]
     if evaluated:
         out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0].eval_images} images of the "
@@ -160,9 +259,23 @@ def notes(doc: RunDocument) -> list[str]:
     machine = run.machine_per_round
     if machine:
         load = sorted(m["loadavg_1m"] for m in machine)[len(machine) // 2]
-        out.append(f"Median 1-min load average during the rounds: {load:.1f} on {env['affinity']} usable cores.")
+        text = f"Median 1-min load average during the rounds: {load:.1f} on {env['affinity']} usable cores"
+        other = other_load(machine)
+        if other:
+            text += (f" (it counts the run's own threads); other processes kept {other['other_cores']:.2f} cores "
+                     f"busy and the hypervisor took {other['steal_cores']:.2f} (medians over "
+                     f"{other['intervals']:.0f} rounds)")
+        out.append(text + (f"; CPUs {env['cpus']}, governor {env.get('governor') or 'not shown'}." if "cpus" in env
+                           else "."))
     w, options = run.workload, run.options
     preset = w.preset + "".join(f", {k}={v}" for k, v in (options.get("overrides") or {}).items())
+    if run.interrupted:
+        done = max((len(r.times_s) for r in doc.records), default=0)
+        out.append(f"INTERRUPTED by {run.interrupted} after {done} of {options['rounds']} rounds: the figures "
+                   f"rest on the rounds that finished (`mrcnn-bench run ... --resume` times the rest).")
+    if run.resumed_from_round:
+        out.append(f"Resumed: rounds 1-{run.resumed_from_round} come from the interrupted run's journal; every "
+                   f"row was set up and warmed up again before round {run.resumed_from_round + 1}.")
     out.append(
         f"Workload: preset {preset}, images {w.image_size[0]}x{w.image_size[1]}, "
         f"{w.batch_size} per inference call; weights {run.weights}; rounds {options['rounds']} "
@@ -192,6 +305,9 @@ def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
 def markdown(doc: RunDocument) -> str:
     """The table, the notes under it, the stage timings and dynamo's reasons, as markdown."""
     parts = [shown_frame(doc).to_markdown(index=False), "", *notes(doc)]
+    summary = geomean_frame([doc.records])
+    if len(summary):
+        parts += ["", GEOMEAN_TITLE.replace("``", "`") + ":", "", summary.to_markdown(index=False, floatfmt=".3f")]
     stages = stage_frame(doc)
     if stages is not None:
         parts += ["", stages.to_markdown(index=False, floatfmt=".3f")]
@@ -233,20 +349,28 @@ def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
     reasons = _reasons_md(doc)
     reasons_html = f"<h2>Graph breaks and recompiles</h2><pre>{html.escape(reasons)}</pre>" if reasons else ""
     notes_html = "".join(f"<p>{html.escape(n)}</p>" for n in notes(doc))
+    summary = geomean_frame([doc.records])
+    if len(summary):
+        notes_html += (f"<h2>{html.escape(GEOMEAN_TITLE.replace('``', ''))}</h2>"
+                       + summary.to_html(index=False, float_format="%.3f"))
     stages = stage_frame(doc)
     if stages is not None:
         notes_html += "<h2>Where the time goes</h2>" + stages.to_html(index=False, float_format="%.3f")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(doc.name)}</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1600px}}
 table.results{{border-collapse:collapse;font-size:13px}} table.results td,table.results th{{border:1px solid #ccc;
-padding:3px 6px}} th{{background:#f0f0f0}} figure{{display:inline-block;margin:0 1em}} img{{max-width:700px}}</style>
-</head><body><h1>{html.escape(doc.name)}: static Mask R-CNN against torchvision</h1>{table}{notes_html}
+padding:3px 6px}} th{{background:#f0f0f0}} .scroll{{overflow-x:auto;max-width:100%}}
+table.results td:first-child,table.results th:first-child{{position:sticky;left:0;background:#fff;z-index:1}}
+figure{{display:inline-block;margin:0 1em}} img{{max-width:700px}}</style>
+</head><body><h1>{html.escape(doc.name)}: static Mask R-CNN against torchvision</h1>
+<div class="scroll">{table}</div>{notes_html}
 {imgs}{reasons_html}</body></html>
 """
 
 
 def plots(doc: RunDocument, out_dir: Path, stem: str) -> list[Path]:
-    """Latency per row (median with IQR, log scale) and training throughput, as PNGs."""
+    """PNGs: the distribution of each inference row's timed calls (a box per row over the rounds, on a
+    linear axis, which shows differences at their true size) and training throughput."""
     # Imported here: matplotlib is slow to import and only the written reports need it.
     import matplotlib
 
@@ -255,20 +379,23 @@ def plots(doc: RunDocument, out_dir: Path, stem: str) -> list[Path]:
 
     recs = [r for r in doc.records if r.status == "ok" and median(r) > 0]
     paths = []
-    for phase, metric, xlabel in (("inference", "median_s", "seconds per call (median, IQR bars; log)"),
-                                  ("training", "images_per_s", "training images/s (higher is better)")):
+    for phase in ("inference", "training"):
         rows = [r for r in recs if r.phase == phase]
         if not rows:
             continue
         fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 1.2))
-        names = [r.row for r in rows]
-        values = [getattr(r, metric) for r in rows]
+        names = [f"{r.row} (n={len(r.times_s)})" for r in rows]
         colours = ["#4c72b0" if r.impl == "static" else "#dd8452" for r in rows]
-        errors = [(r.iqr_s or 0) / 2 for r in rows] if metric == "median_s" else None
-        ax.barh(names, values, xerr=errors, color=colours)
-        if metric == "median_s":
-            ax.set_xscale("log")
-        ax.set_xlabel(xlabel)
+        if phase == "inference":
+            box = ax.boxplot([r.times_s for r in rows], orientation="horizontal", tick_labels=names, patch_artist=True,
+                             medianprops={"color": "black"}, flierprops={"markersize": 3})
+            for patch, colour in zip(box["boxes"], colours, strict=True):
+                patch.set_facecolor(colour)
+            ax.set_xlim(left=0)
+            ax.set_xlabel("seconds per call over the rounds (box: IQR, line: median, whiskers: 1.5 IQR)")
+        else:
+            ax.barh(names, [r.images_per_s for r in rows], color=colours)
+            ax.set_xlabel("training images/s (higher is better)")
         ax.invert_yaxis()
         ax.set_title(f"{doc.name} ({phase}; blue: static, orange: torchvision)")
         fig.tight_layout()

@@ -10,30 +10,37 @@ of steady state.
 What a call is: :mod:`mrcnn_bench.pipelines`. Where a row runs (this process or a bounded worker):
 :mod:`mrcnn_bench.execution`. Parity is checked on the timed outputs themselves: each inference
 row against the reference row (torchvision eager) of its variant, on the same images.
+
+A run with a journal (``RunOptions.journal``: ``mrcnn-bench run --out``) appends each finished
+round to it (:mod:`mrcnn_bench.journal`) and turns SIGTERM and SIGINT into a clean stop: the rounds
+finished so far are returned with the run marked interrupted. ``resume`` reads the journal back, sets
+up and warms up every row again, and times the remaining rounds only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
+import signal
 import sys
 import tempfile
 import time
 import traceback
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.evaluate import CocoEvaluator
-from mrcnn_bench import backends
+from mrcnn.progress import progress
+from mrcnn_bench import backends, ceiling, defaults, journal
 from mrcnn_bench.cases import Case, Row, Variant, Workload
 from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
 from mrcnn_bench.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
@@ -49,8 +56,8 @@ class RunOptions:
 
     workload: Workload
     rows: list[Row]
-    rounds: int = 10
-    warmup: int = 1
+    rounds: int = defaults.RUN_ROUNDS
+    warmup: int = defaults.RUN_WARMUP
     threads: int | None = None  # None: every usable core
     seed: int = 0
     time_limit: float = 120.0  # of a bounded row's set-up + first call, and of each later call
@@ -66,6 +73,35 @@ class RunOptions:
     eval_images: int = 0  # COCO mAP of the eager rows on this many images of the evaluation set
     eval_root: str | None = None  # COCO-layout root for it (default: a generated synthetic val set)
     eval_split: str = "val2017"
+    journal: Path | None = None  # append each finished round here; SIGTERM / SIGINT stop cleanly
+    resume: bool = False  # continue the run this journal holds
+    cpus: tuple[int, ...] | None = None  # pin the run (and its workers) to these CPUs; None: as started
+
+
+class Interrupted(BaseException):
+    """A stop signal during a journaled run (a BaseException, so no row's error handling catches it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(enabled: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT raise :class:`Interrupted` in the main thread while the block runs."""
+    if not enabled:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 @dataclass
@@ -85,41 +121,88 @@ def log(msg: str) -> None:
 
 def run(opts: RunOptions) -> RunOutput:
     """Run every row interleaved (see the module's docstring)."""
+    if opts.cpus:
+        os.sched_setaffinity(0, opts.cpus)  # workers started later inherit it
     threads = opts.threads or len(os.sched_getaffinity(0))
+    key = journal.run_key(opts, threads)
+    # Read before anything is built, so a journal of another run is refused at once.
+    previous = journal.read(opts.journal, key) if opts.resume and opts.journal else None
+    writer = journal.Writer(opts.journal, key, fresh=previous is None) if opts.journal else None
     torch.set_num_threads(threads)
     torch.manual_seed(opts.seed)
     results = [RowResult(row) for row in opts.rows]
     t_run = time.perf_counter()
-    active = skip_absent(results)
+    start = restore(results, previous) if previous else 0
+    active = [r for r in skip_absent(results) if r.status == "pending"]
     need_training = any(r.row.case.phase == "training" for r in active)
     ctx, weights_desc = make_context(ContextOptions(
         opts.workload, opts.weights, opts.seed, threads, need_training, opts.coco_root, opts.coco_split,
         opts.overrides))
-    log(f"{opts.workload.label}, {len(ctx.images)} image(s), threads {threads}, weights {weights_desc}")
-    peaks_start = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
+    log(f"{opts.workload.label}, {len(ctx.images)} image(s), threads {threads}, weights {weights_desc}"
+        + (f"; resuming at round {start + 1} of {opts.rounds}" if previous else ""))
+    interrupted = ""
+    machine = list(previous.machine) if previous else []
+    peaks_start = peaks_end = {}
+    limit: ceiling.Ceiling | None = None
     with contextlib.ExitStack() as stack:
-        runners = setup_rows(active, ctx, opts, stack)
-        warm_up(active, runners, opts, images=len(ctx.images))
-        machine = timed_rounds(active, runners, opts, images=len(ctx.images))
-        for r in active:
-            runner = runners[r.row.name]
-            if isinstance(runner, WorkerRow) and r.row.case.compiler == "inductor" and r.status != "timeout":
-                r.reasons = runner.last_reasons
-        if opts.eval_images:
-            evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts)
-    peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
-    if opts.flops:
-        count_row_flops(results, ctx)
+        try:
+            with stop_on_signals(writer is not None):
+                if opts.peak_reps:
+                    peaks_start = measure_peaks(opts.peak_reps)
+                    limit = ceiling.measure({t: peaks_start.get(f"conv3x3_{t}", math.nan) for t in ("fp32", "bf16")})
+                    log(f"ceiling {limit.fp32_gflops:.0f} GFLOP/s fp32, {limit.bf16_gflops:.0f} bf16 ({limit.source})")
+                runners = setup_rows(active, ctx, opts, stack)
+                warm_up(active, runners, opts, images=len(ctx.images))
+                timed_rounds(active, runners, opts, images=len(ctx.images), start=start, writer=writer,
+                             machine=machine)
+        except Interrupted as e:
+            interrupted = str(e)
+            done = max((len(r.times) for r in results), default=0)
+            log(f"interrupted by {interrupted}: keeping the rounds that finished ({done} of {opts.rounds})")
+        if not interrupted:
+            for r in active:
+                runner = runners[r.row.name]
+                if isinstance(runner, WorkerRow) and r.row.case.compiler == "inductor" and r.status != "timeout":
+                    r.reasons = runner.last_reasons
+            if opts.eval_images:
+                evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts)
+    if not interrupted:
+        peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
+        if opts.flops:
+            count_row_flops(results, ctx)
     stages = None
-    if opts.profile:
+    if opts.profile and not interrupted:
         log("profiling the stages of static and torchvision, eager")
         stages = profile_stages(ctx)
     options = {"rounds": opts.rounds, "warmup": opts.warmup, "seed": opts.seed,
                "fresh_compile_cache": opts.fresh_compile_cache, "coco_root": opts.coco_root,
                "coco_split": opts.coco_split, "overrides": opts.overrides}
-    info = RunInfo(stages, opts.workload, {k: max(peaks_start[k], peaks_end[k]) for k in peaks_start}, machine,
-                   opts.time_limit, weights_desc, time.perf_counter() - t_run, threads, options)
+    peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
+    info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, time.perf_counter() - t_run,
+                   threads, options, interrupted=interrupted, resumed_from_round=start,
+                   ceiling=dataclasses.asdict(limit) if limit else {})
     return RunOutput(results, info)
+
+
+def restore(results: list[RowResult], previous: journal.Journal) -> int:
+    """Put the journal's rounds back into the rows; returns how many rounds they hold.
+
+    A row that stopped in those rounds (timeout, error) keeps its status and is not set up again.
+    """
+    by_name = {r.row.name: r for r in results}
+    for rows in previous.rounds:
+        for name, m in rows.items():
+            r = by_name[name]
+            if m.seconds is not None:
+                r.times.append(m.seconds)
+            if m.loss is not None:
+                r.losses.append(m.loss)
+            r.parity.extend(m.parity)
+            for k, v in m.counters.items():
+                r.counters_rounds[k] = r.counters_rounds.get(k, 0) + v
+            if m.status not in ("ok", "pending"):
+                r.status, r.detail = m.status, m.detail
+    return len(previous.rounds)
 
 
 def skip_absent(results: list[RowResult]) -> list[RowResult]:
@@ -218,28 +301,72 @@ def _new_reasons(before: dict[str, list[str]], after: dict[str, list[str]]) -> d
 
 
 def timed_rounds(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOptions,
-                 images: int | None = None) -> list[dict[str, float]]:
-    """The interleaved rounds; returns the machine's state before the first and after each round.
+                 images: int | None = None, start: int = 0, writer: journal.Writer | None = None,
+                 machine: list[dict[str, float]] | None = None) -> list[dict[str, float]]:
+    """Rounds ``start`` .. ``opts.rounds - 1``, interleaved; the machine's state before the first and
+    after each round is appended to ``machine`` (returned).
 
     The order rotates every round; each variant's reference row's output of the round is the
     parity oracle for that variant's other inference rows (all inference rows take the same
-    images in a round: they share :func:`warmup_calls`).
+    images in a round: they share :func:`warmup_calls`). Each finished round goes to ``writer``; a
+    round cut short by :class:`Interrupted` is dropped from every row, so all rows keep the same rounds.
     """
+    machine = [] if machine is None else machine
     running = [r for r in active if r.status == "ok"]
-    rounds: Iterable[int] = range(opts.rounds)
-    if opts.progress:
-        rounds = tqdm(rounds, desc="rounds", file=sys.stderr, dynamic_ncols=True)
+    rounds: Iterable[int] = progress(range(start, opts.rounds), desc="rounds", unit="round", initial=start,
+                                     total=opts.rounds, enabled=opts.progress)
     worker_pids = [w.proc.pid for w in runners.values() if isinstance(w, WorkerRow) and w.proc]
-    machine = [machine_state(worker_pids)]
+    machine.append(machine_state(worker_pids))
     for rnd in rounds:
         order = running[rnd % len(running):] + running[: rnd % len(running)] if running else []
+        marks = {r.row.name: _Mark(r) for r in running}
         outputs: dict[Row, Any] = {}
-        for r in order:
-            if r.status == "ok":
-                _time_row(r, runners[r.row.name], warmup_calls(r.row, opts, images) + rnd, rnd, outputs)
-        machine.append(machine_state(worker_pids))
-        _check_parity(running, outputs)
+        try:
+            for r in order:
+                if r.status == "ok":
+                    _time_row(r, runners[r.row.name], warmup_calls(r.row, opts, images) + rnd, rnd, outputs)
+            _check_parity(running, outputs)
+        except Interrupted:
+            for r in running:
+                marks[r.row.name].rewind(r)
+            raise
+        with _signals_held():  # the round is kept in memory and in the journal, or in neither
+            machine.append(machine_state(worker_pids))
+            if writer is not None:
+                writer.round(rnd, {r.row.name: marks[r.row.name].since(r) for r in running}, machine[-1])
     return machine
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait (pending) until the block ends, then stop the run as usual."""
+    stops = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
+
+
+class _Mark:
+    """A row's measurements before a round: what the round added, or how to take it back."""
+
+    def __init__(self, r: RowResult) -> None:
+        self.times, self.losses, self.parity = len(r.times), len(r.losses), len(r.parity)
+        self.status, self.detail, self.counters = r.status, r.detail, dict(r.counters_rounds)
+
+    def since(self, r: RowResult) -> journal.RowRound:
+        return journal.RowRound(
+            status=r.status, detail=r.detail,
+            seconds=r.times[-1] if len(r.times) > self.times else None,
+            loss=r.losses[-1] if len(r.losses) > self.losses else None,
+            parity=r.parity[self.parity:],
+            counters={k: v - self.counters.get(k, 0) for k, v in r.counters_rounds.items()
+                      if v != self.counters.get(k, 0)})
+
+    def rewind(self, r: RowResult) -> None:
+        del r.times[self.times:], r.losses[self.losses:], r.parity[self.parity:]
+        r.status, r.detail, r.counters_rounds = self.status, self.detail, dict(self.counters)
 
 
 def _time_row(r: RowResult, runner: RowRunner, index: int, rnd: int, outputs: dict[Row, Any]) -> None:

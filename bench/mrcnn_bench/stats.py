@@ -33,8 +33,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
+from mrcnn_bench import defaults
+
 RULES = ("paired", "unpaired")
-DEFAULT_THRESHOLD = 0.05  # relative slowdown that counts as a regression
 MIN_SAMPLES = 3  # fewer timed samples than this: no median, ratio or verdict is shown
 
 
@@ -148,7 +149,7 @@ def _wilcoxon_greater(x: np.ndarray) -> float:
 def compare_latency(
     a: Sequence[float],
     b: Sequence[float],
-    threshold: float = DEFAULT_THRESHOLD,
+    threshold: float = defaults.THRESHOLD,
     alpha: float = 0.01,
     rule: str = "paired",
 ) -> LatencyVerdict:

@@ -48,9 +48,18 @@ def environment(threads: int, seed: int) -> dict[str, Any]:
             env[dist] = version(dist)
         except PackageNotFoundError:
             env[dist] = None
+    env.update(cpu_environment())
     env["commit"] = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
     env["dirty"] = None if status is None else bool(status)
+    return env
+
+
+def cpu_environment() -> dict[str, Any]:
+    """The CPUs this process may use and the frequency governor where the kernel shows it."""
+    env: dict[str, Any] = {"cpus": sorted(os.sched_getaffinity(0))}
+    with contextlib.suppress(OSError):
+        env["governor"] = Path("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor").read_text().strip()
     return env
 
 

@@ -31,13 +31,17 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pycocotools.mask as mask_utils
 from PIL import Image, ImageDraw
-from tqdm import tqdm
+
+from mrcnn.exits import guarded
+from mrcnn.progress import add_progress_flag
+from mrcnn.progress import progress as progress_bar
 
 CATEGORIES: tuple[str, ...] = ("circle", "ellipse", "rectangle", "triangle", "star", "hexagon")
 """Shape classes; category id ``k + 1`` is ``CATEGORIES[k]`` (contiguous ids 1..6)."""
@@ -290,7 +294,7 @@ def generate(
         seed: same seed, same images and byte-identical JSON.
         split: split name used in both paths, e.g. "train" or "val".
         image_format: "png" (lossless, the default) or "jpg" (quality 95; about 4x smaller).
-        progress: show a tqdm bar.
+        progress: report progress as :mod:`mrcnn.progress` does (a bar, or lines in a log).
     Returns:
         ``out_dir`` as a Path, ready for ``CocoDataset(out_dir, split)``.
     """
@@ -304,7 +308,7 @@ def generate(
     (root / "annotations").mkdir(parents=True, exist_ok=True)
 
     images, annotations = [], []
-    for index in tqdm(range(count), desc=f"synthetic {split}", unit="img", disable=not progress):
+    for index in progress_bar(range(count), desc=f"synthetic {split}", unit="img", enabled=progress):
         image_id = index + 1
         pixels, objects = _make_image(index, seed)
         height, width = pixels.shape[:2]
@@ -343,23 +347,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--split", default="train", help="split name, e.g. train or val (default train)")
     parser.add_argument("--format", dest="image_format", choices=("png", "jpg"), default="png")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_flag(parser, "--quiet")
     return parser
 
 
 def run(args: argparse.Namespace) -> Path:
     """Run the generator from parsed ``args``; prints where the annotation file went."""
     root = generate(
-        args.out, args.count, args.seed, args.split, image_format=args.image_format, progress=not args.quiet
+        args.out, args.count, args.seed, args.split, image_format=args.image_format, progress=not args.no_progress
     )
     print(f"wrote {args.count} images to {root / args.split} and {root / 'annotations'}/instances_{args.split}.json")
     return root
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit codes: :mod:`mrcnn.exits`."""
     parser = argparse.ArgumentParser(prog="python -m mrcnn.data.synthetic", description=__doc__.split("\n")[0])
-    run(add_arguments(parser).parse_args(argv))
+
+    def generate_from_flags() -> int:
+        run(add_arguments(parser).parse_args(argv))
+        return 0
+
+    return guarded("mrcnn", generate_from_flags, lambda: "synth")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -10,26 +10,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from mrcnn.data.coco import CocoDataset
 from mrcnn.engine.checkpoint import atomic_save, checkpoint_path, rng_state
 from mrcnn.engine.distributed import all_gather_objects, barrier
 from mrcnn.engine.trainer import Hook, Trainer
+from mrcnn.progress import progress
 
 METRICS_FILE = "metrics.jsonl"
 
 
 class ProgressBar(Hook):
-    """A tqdm bar over the run's steps (rank 0, unless disabled), showing the loss and lr."""
+    """Progress over the run's steps (rank 0, unless disabled), showing the loss and lr (:mod:`mrcnn.progress`)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
-        self.bar: tqdm | None = None
+        self.bar: Any = None
 
     def before_train(self, trainer: Trainer) -> None:
-        disable = not (self.enabled and trainer.info.main)
-        self.bar = tqdm(total=trainer.total, initial=trainer.state.step, desc="train", unit="step", disable=disable)
+        enabled = self.enabled and trainer.info.main
+        self.bar = progress(total=trainer.total, initial=trainer.state.step, desc="train", unit="step", enabled=enabled)
 
     def after_step(self, trainer: Trainer, record: dict[str, Any]) -> None:
         assert self.bar is not None

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from mrcnn.config import Canvas, Config, get_config
+from mrcnn.exits import guarded
 from mrcnn.export.compare import check_images, check_outputs, describe_check
 from mrcnn.export.core import FORMATS
 from mrcnn.export.deployed import load_exported
@@ -176,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mrcnn export", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return guarded("mrcnn", lambda: run(parser.parse_args(argv)), lambda: "export")
 
 
 if __name__ == "__main__":

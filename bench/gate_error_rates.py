@@ -1,0 +1,164 @@
+"""The latency gate's error rates, measured through the gate's own code path, resumably.
+
+    PYTHONPATH=bench python bench/gate_error_rates.py run --out results/latency_gate_live [--hours 2]
+    PYTHONPATH=bench python bench/gate_error_rates.py summary --out results/latency_gate_live
+
+Each trial is one live ``compare`` as ``mrcnn-bench gate --latency-against`` runs it
+(:func:`mrcnn_bench.ab.run_live`): A and B each in a worker subprocess importing its checkout (here
+this working tree for both), the whole inference pipeline at the machine's thread count, the
+compare defaults (``static/eager``, the tiny preset's 240x320 image, :data:`ROUNDS` interleaved
+rounds). An A/A trial leaves B unchanged; an A/B trial injects a slowdown of 10% or 5% into B
+(:mod:`mrcnn_bench.slowdown`: real extra compute, outputs unchanged). The kind of each next trial
+is the one furthest behind its target (:data:`TARGETS`: at least 72 A/A, which is what a claimed
+false-alarm rate of at most 5% needs with a two-sided 95% Clopper-Pearson bound and no false alarm,
+and 30 at each slowdown), so load changes during the study hit every kind alike.
+
+Every finished trial is appended to ``OUT/trials.jsonl`` (the raw per-round times included), so
+the study resumes where it stopped. A round count N below :data:`ROUNDS` is judged on each trial's
+first N rounds, exactly what an N-round compare would have timed. ``summary`` writes
+``OUT/error_rates.md``: per round count, the false-alarm and detection rates with their two-sided
+95% Clopper-Pearson intervals and the number of trials each rests on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+
+from mrcnn.progress import add_progress_flag, progress
+from mrcnn_bench import ab, defaults, runner
+from mrcnn_bench.cases import default_time_limit, default_workload, parse_cases
+from mrcnn_bench.stats import compare_latency
+
+ROUNDS = 30  # each trial; smaller counts are judged on its first rounds
+ROUND_COUNTS = (7, 10, 15, 20, 25, 30)
+KINDS = {"aa": 0.0, "slow10": 0.10, "slow05": 0.05}  # trial kind -> slowdown injected into B
+TARGETS = {"aa": 72, "slow10": 30, "slow05": 30}
+
+
+def next_kind(done: dict[str, int]) -> str | None:
+    """The kind furthest behind its target, or None when every target is reached."""
+    behind = {k: done.get(k, 0) / n for k, n in TARGETS.items() if done.get(k, 0) < n}
+    return min(behind, key=lambda k: (behind[k], k)) if behind else None
+
+
+def trial(kind: str) -> dict[str, Any]:
+    """One live compare of this tree against itself, B slowed by ``KINDS[kind]``; its raw times."""
+    opts = ab.CompareOptions(".", ".", cases=parse_cases(defaults.COMPARE_CASES), slowdown_b=KINDS[kind])
+    opts.run = runner.RunOptions(workload=default_workload("tiny"), rows=[], rounds=ROUNDS,
+                                 time_limit=default_time_limit("tiny"), progress=False, peak_reps=0, flops=False)
+    t0 = time.time()
+    load = os.getloadavg()[0]
+    recs_a, recs_b, _ = ab.run_live(opts)
+    (a,), (b,) = recs_a, recs_b
+    if len(a.times_s) != ROUNDS or len(b.times_s) != ROUNDS:
+        raise RuntimeError(f"{kind}: a row did not finish its rounds ({a.status}: {a.detail}; {b.status}: {b.detail})")
+    return {"kind": kind, "slowdown": KINDS[kind], "a_s": a.times_s, "b_s": b.times_s, "started": t0,
+            "seconds": time.time() - t0, "loadavg_before": load, "loadavg_after": os.getloadavg()[0]}
+
+
+def read_trials(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break  # a line cut by a crash: the trials before it are whole
+    return out
+
+
+def run(out: Path, hours: float, show: bool) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "trials.jsonl"
+    done: dict[str, int] = {}
+    for t in read_trials(path):
+        done[t["kind"]] = done.get(t["kind"], 0) + 1
+    total, deadline = sum(TARGETS.values()), time.monotonic() + hours * 3600
+    bar = progress(total=total, initial=sum(min(done.get(k, 0), n) for k, n in TARGETS.items()), desc="trials",
+                   unit="trial", enabled=show)
+    while (kind := next_kind(done)) is not None and time.monotonic() < deadline:
+        record = trial(kind)
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        done[kind] = done.get(kind, 0) + 1
+        bar.update(1)
+    bar.close()
+    left = {k: n - done.get(k, 0) for k, n in TARGETS.items() if done.get(k, 0) < n}
+    print(f"trials: {done}; still to run: {left or 'none'}")
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Rate:
+    flagged: int
+    trials: int
+
+    def text(self) -> str:
+        if not self.trials:
+            return "no trials"
+        ci = stats.binomtest(self.flagged, self.trials).proportion_ci(confidence_level=0.95, method="exact")
+        return f"{self.flagged}/{self.trials} = {self.flagged / self.trials:.1%} [{ci.low:.1%}, {ci.high:.1%}]"
+
+
+def rates(trials: list[dict[str, Any]], rounds: int) -> dict[str, Rate]:
+    """Per kind: how many trials the gate's rule flags on their first ``rounds`` rounds."""
+    out = {}
+    for kind in KINDS:
+        mine = [t for t in trials if t["kind"] == kind]
+        flagged = sum(compare_latency(t["a_s"][:rounds], t["b_s"][:rounds], defaults.THRESHOLD,
+                                      defaults.ALPHA).regression for t in mine)
+        out[kind] = Rate(flagged, len(mine))
+    return out
+
+
+def summary(out: Path) -> int:
+    trials = read_trials(out / "trials.jsonl")
+    if not trials:
+        print(f"no trials in {out / 'trials.jsonl'}", file=sys.stderr)
+        return 2
+    lines = [
+        "# The latency gate's error rates, live (bench/gate_error_rates.py)", "",
+        f"Rule: {defaults.TEST}, threshold {defaults.THRESHOLD:.0%}, alpha {defaults.ALPHA}; case "
+        f"{defaults.COMPARE_CASES}, tiny preset, 240x320, each trial a live compare of this tree against itself "
+        "(B with the injected slowdown for the A/B kinds). Rates with two-sided 95% Clopper-Pearson intervals.", "",
+        "| rounds | false alarms (A/A) | detected, 10% slower | detected, 5% slower |",
+        "| --- | --- | --- | --- |",
+    ]
+    for n in ROUND_COUNTS:
+        r = rates(trials, n)
+        lines.append(f"| {n} | {r['aa'].text()} | {r['slow10'].text()} | {r['slow05'].text()} |")
+    loads = sorted(t["loadavg_before"] for t in trials)
+    lines += ["", f"{len(trials)} trials, {sum(t['seconds'] for t in trials) / 3600:.1f} h; median 1-min load "
+              f"before a trial {loads[len(loads) // 2]:.2f}."]
+    (out / "error_rates.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="append trials until every target is reached or --hours pass")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--hours", type=float, default=24.0, help="stop after this long (default: %(default)s)")
+    add_progress_flag(p)
+    p = sub.add_parser("summary", help="the rates per round count, from the trials so far")
+    p.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    return run(args.out, args.hours, not args.no_progress) if args.command == "run" else summary(args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""Defaults that a command's behaviour and its ``--help`` both read, so the two cannot disagree.
+
+Standard library only: ``mrcnn-bench --help`` imports this module, never the modules that measure
+(they load torch). ``tests/test_cli_help.py`` checks that every help text shows these values.
+"""
+
+from __future__ import annotations
+
+# mrcnn-bench run
+RUN_ROUNDS = 10  # interleaved timed rounds
+RUN_WARMUP = 1  # untimed calls per row before round 1 (at least one per distinct input: runner.warmup_calls)
+RUN_IMAGES = 3  # distinct generated images, cycled over the rounds
+REPORT_OUT = "results/report"  # not under results/html, which `asv publish` empties
+
+# mrcnn-bench compare (live) and the gate's latency check
+COMPARE_CASES = "static/eager"
+COMPARE_ROUNDS = 25  # measured for the previous rule: see results/latency_gate and stats' docstring
+THRESHOLD = 0.05  # relative slowdown that counts as a regression
+ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
+TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
+
+# mrcnn-bench gate
+GATE_CASES = ("static/inductor", "static/xla")  # compile-count cases when writing a baseline
+INJECTIONS = ("recompile",)  # faults the compile gate can inject to show that it fails

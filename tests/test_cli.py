@@ -1,0 +1,234 @@
+"""Both command lines as a user meets them: help that states the defaults the code uses, fast
+``--help`` / ``--version``, one exit-code table, one progress convention, ``mrcnn-bench list``."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from mrcnn import cli as mrcnn_cli
+from mrcnn import exits, progress
+from mrcnn_bench import cli, defaults
+from mrcnn_bench.cases import CASES
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def bench_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every mrcnn-bench subcommand's full parser (the lazy ones built from their modules)."""
+    parsers = subparsers(cli.build_parser())
+    for name, (module_name, _) in cli.LAZY_COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=f"mrcnn-bench {name}")
+        __import__(module_name, fromlist=["add_arguments"]).add_arguments(parser)
+        parsers[name] = parser
+    return parsers
+
+
+def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    return [a for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS
+            and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Help text: every flag explained, and the defaults it states are the ones the code uses
+
+
+def test_every_flag_has_help_that_states_its_default():
+    for command, parser in bench_parsers().items():
+        for action in options(parser):
+            text = parser._get_formatter()._expand_help(action) if action.help else ""
+            assert text.strip(), f"mrcnn-bench {command} {action.option_strings[0]}: no help"
+            default = action.default
+            if default is None or isinstance(default, (bool, list)):
+                continue  # switches, repeatables, and defaults the help describes in words
+            shown = f"{default:g}" if isinstance(default, float) else str(default)
+            assert shown in text, (command, action.option_strings[0], text)
+
+
+def test_help_defaults_are_the_commands_constants(capsys):
+    parsers = subparsers(cli.build_parser())
+    compare = parsers["compare"].parse_args(["a.json", "b.json"])
+    assert (compare.rounds, compare.threshold, compare.alpha) == (
+        defaults.COMPARE_ROUNDS, defaults.THRESHOLD, defaults.ALPHA)
+    run = parsers["run"].parse_args([])
+    assert (run.rounds, run.warmup, run.images) == (defaults.RUN_ROUNDS, defaults.RUN_WARMUP, defaults.RUN_IMAGES)
+    gate = parsers["gate"].parse_args([])
+    assert (gate.latency_rounds, gate.latency_cases) == (defaults.COMPARE_ROUNDS, defaults.COMPARE_CASES)
+    assert parsers["report"].parse_args(["x"]).out == defaults.REPORT_OUT
+
+    compare_help = " ".join(parsers["compare"].format_help().split())  # argparse wraps lines
+    assert "Wilcoxon" in compare_help and "Mann-Whitney" not in compare_help
+    assert f"default: {defaults.COMPARE_CASES} when live" in compare_help
+    assert f"(default: {defaults.COMPARE_ROUNDS})" in compare_help
+    assert "Mann-Whitney" not in cli.build_parser().format_help()
+    gate_help = " ".join(parsers["gate"].format_help().split())
+    assert ",".join(defaults.GATE_CASES) in gate_help and "('" not in gate_help  # a list, not a Python tuple
+
+
+def test_runner_and_compare_use_the_same_defaults():
+    from mrcnn_bench import ab, runner, stats
+
+    assert runner.RunOptions.__dataclass_fields__["rounds"].default == defaults.RUN_ROUNDS
+    assert ab.CompareOptions.__dataclass_fields__["alpha"].default == defaults.ALPHA
+    assert stats.compare_latency.__defaults__[0] == defaults.THRESHOLD
+
+
+# ------------------------------------------------------------------------------------------------
+# --help and --version load no torch
+
+
+FAST = """
+import sys
+from mrcnn import cli as m
+from mrcnn_bench import cli as b
+codes = [m.main(["--help"]), m.main(["--version"]), b.main(["--version"])]
+codes += [b.main([c, "--help"]) for c in ("run", "compare", "gate", "report", "check-benchmarks", "list")]
+codes.append(b.main(["--help"]))
+print("torch" in sys.modules, codes, file=sys.stderr)
+"""
+
+
+def test_help_and_version_do_not_import_torch():
+    proc = subprocess.run([sys.executable, "-c", FAST], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.stderr.strip().splitlines()[-1] == f"False {[0] * 10}", proc.stderr
+    assert f"mrcnn-bench {exits.version_text('x').split(' ', 1)[1]}" in proc.stdout
+    assert "torch 2.9.1" in proc.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# One exit-code table: 2 with one line on bad input, 3 with one line on a bug
+
+
+def mrcnn_bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
+    absent = str(tmp_path / "absent")
+    out = ["--out", str(tmp_path / "out")]
+    return {
+        "synth": [["--format", "gif", *out], ["--bogus", *out]],
+        "train": [["--recipe", "nosuch", *out], [*out],
+                  [*out, "--steps", "1", "--no-progress", "--device", "cpu", "--data", absent]],
+        "export": [["--canvas", "axb", *out], ["--weights", absent + ".pt", *out]],
+    }
+
+
+def test_mrcnn_exits_2_without_a_traceback_on_bad_input(tmp_path, capsys):
+    cases = mrcnn_bad_invocations(tmp_path)
+    assert set(cases) == set(mrcnn_cli.COMMANDS), "walk every subcommand"
+    for command, argvs in [*cases.items(), ("", [["--bogus"], ["no-such-command"], []])]:
+        for argv in argvs:
+            full = [command, *argv] if command else argv
+            assert mrcnn_cli.main(full) == exits.UNDECIDED, full
+            err = capsys.readouterr().err
+            assert err.strip() and "Traceback" not in err, (full, err)
+
+
+@pytest.mark.parametrize(("main", "argv", "prog"), [
+    (mrcnn_cli.main, ["synth", "--out", "x"], "mrcnn"),
+    (cli.main, ["list"], "mrcnn-bench"),
+])
+def test_a_bug_is_an_internal_error_with_its_traceback_in_a_log(main, argv, prog, tmp_path, monkeypatch, capsys):
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    if prog == "mrcnn":
+        monkeypatch.setattr("mrcnn.data.synthetic.run", broken)
+    else:
+        monkeypatch.setattr(cli, "cmd_list", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(argv) == exits.INTERNAL
+    err = capsys.readouterr().err
+    assert f"{prog} {argv[0]}: internal error: KeyError: 'boom'" in err and "Traceback" not in err
+    (log,) = tmp_path.glob(f"{prog}-error-*.log")
+    assert "Traceback" in log.read_text() and "boom" in log.read_text()
+
+
+# ------------------------------------------------------------------------------------------------
+# One progress convention
+
+
+class FakeTerminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_a_bar_on_a_terminal_and_plain_lines_elsewhere(monkeypatch):
+    monkeypatch.delenv("CI", raising=False)
+    term = FakeTerminal()
+    for _ in progress.progress(range(3), desc="work", stream=term):
+        pass
+    assert "\r" in term.getvalue() and "work" in term.getvalue()
+
+    log = io.StringIO()
+    for _ in progress.progress(range(3), desc="work", stream=log):
+        pass
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and lines[0].startswith("work:") and "3/3" in lines[-1]
+    assert len(lines) == 2  # the start and the end: the steps came faster than LINE_INTERVAL_S
+
+    monkeypatch.setenv("CI", "true")  # a terminal in CI (e.g. a pty) gets lines too
+    ci = FakeTerminal()
+    for _ in progress.progress(range(3), desc="work", stream=ci):
+        pass
+    assert "\r" not in ci.getvalue() and "3/3" in ci.getvalue()
+
+    off = io.StringIO()
+    assert list(progress.progress(range(3), enabled=False, stream=off)) == [0, 1, 2]
+    assert off.getvalue() == ""
+
+
+def test_every_long_command_takes_no_progress():
+    bench = bench_parsers()
+    for command in ("run", "compare", "gate", "accuracy-gate"):
+        assert bench[command].parse_args(
+            [*(["a", "b"] if command == "compare" else []), "--no-progress"]).no_progress, command
+    for name, (module_name, _) in mrcnn_cli.COMMANDS.items():
+        if name == "export":
+            continue  # one build, no loop to report on
+        parser = argparse.ArgumentParser()
+        __import__(module_name, fromlist=["add_arguments"]).add_arguments(parser)
+        assert parser.parse_args(["--out", "x", "--no-progress"]).no_progress, name
+        assert parser.parse_args(["--out", "x", "--quiet"]).no_progress, name  # the old spelling still works
+        assert "--quiet" not in parser.format_help(), name
+
+
+# ------------------------------------------------------------------------------------------------
+# mrcnn-bench list
+
+
+def test_list_names_every_case_and_why_one_cannot_run_here(capsys):
+    assert cli.main(["list", "--json"]) == exits.PASSED
+    inv = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in inv["cases"]] == list(CASES)
+    cuda = next(c for c in inv["cases"] if c["name"] == "static/cuda")
+    assert cuda["runs_here"] == torch.cuda.is_available()
+    if not cuda["runs_here"]:
+        assert cuda["why_not"] == "no CUDA device"
+    assert {p["name"] for p in inv["presets"]} == {"tiny", "coco_r50_fpn"}
+    assert cli.main(["list"]) == exits.PASSED
+    text = capsys.readouterr().out
+    assert all(name in text for name in CASES) and ("no CUDA device" in text) != torch.cuda.is_available()
+
+
+def test_cpu_pinning_takes_a_taskset_list_of_cpus_this_process_may_use(capsys):
+    allowed = sorted(os.sched_getaffinity(0))
+    assert cli.parse_cpus(f"{allowed[0]}") == (allowed[0],)
+    if len(allowed) > 1:
+        assert cli.parse_cpus(f"{allowed[0]}-{allowed[1]}") == tuple(range(allowed[0], allowed[1] + 1))
+    for bad in ("x", "9999", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.parse_cpus(bad)
+    assert cli.main(["run", "--cpus", "9999"]) == exits.UNDECIDED
+    assert "may use only" in capsys.readouterr().err

@@ -1,0 +1,86 @@
+"""What a reader of a run's report sees: tail percentiles only where the samples reach them, the
+geometric-mean summary by backend and compiler, the distribution plot, and a target column that
+explains itself."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import gmean
+
+from mrcnn_bench import report
+from mrcnn_bench.cases import Workload
+from mrcnn_bench.records import Record, RunDocument, RunInfo
+
+
+def rec(case: str, times: list[float], **fields) -> Record:
+    impl, variant = case.split("/")
+    compiler = "inductor" if "inductor" in variant else "eager"
+    backend = "xla" if "xla" in variant else "cpu"
+    return Record(row=case, case=case, impl=impl, compiler=compiler, backend=backend, status="ok",
+                  times_s=times, median_s=float(np.median(times)), **fields)
+
+
+@pytest.mark.parametrize(("n", "p90", "p99"), [(9, False, False), (10, True, False), (99, True, False),
+                                               (100, True, True)])
+def test_tail_percentiles_need_enough_samples_to_reach_them(n, p90, p99):
+    times = list(np.linspace(1.0, 2.0, n))
+    r = rec("static/eager", times)
+    assert math.isnan(report.tail(r, 0.90)) != p90
+    assert math.isnan(report.tail(r, 0.99)) != p99
+    if p99:
+        assert report.tail(r, 0.99) == pytest.approx(np.quantile(times, 0.99))
+    row = report.table_frame([rec("torchvision/eager", times), r]).iloc[1]
+    assert (row["p90_s"] == row["p90_s"]) == p90 and row["n"] == n
+
+
+def test_geomean_summary_by_backend_and_compiler_leaves_the_reference_out():
+    ref = rec("torchvision/eager", [1.0] * 5)
+    rows = [ref, rec("static/eager", [1.2] * 5), rec("static/inductor", [0.5] * 5),
+            rec("torchvision/inductor", [0.8] * 5), rec("static/xla", [0.9] * 5)]
+    other_run = [rec("torchvision/eager", [2.0] * 5), rec("static/inductor", [1.6] * 5)]
+    df = report.geomean_frame([rows, other_run]).set_index(["backend", "compiler"])
+    inductor = df.loc[("cpu", "inductor")]
+    assert inductor["geomean_ratio_vs_tv"] == pytest.approx(gmean([0.5, 0.8, 0.8]))  # 1.6 / 2.0 in its own run
+    assert inductor["rows"] == 3
+    assert df.loc[("cpu", "eager"), "rows"] == 1  # static/eager only: the reference is not averaged in
+    assert df.loc[("xla", "eager"), "geomean_ratio_vs_tv"] == pytest.approx(0.9)
+    assert len(report.geomean_frame([[ref]])) == 0
+
+
+def test_the_written_report_has_the_summary_the_goal_and_a_distribution_plot(tmp_path):
+    records = [rec("torchvision/eager", [1.0, 1.1, 0.9] * 4), rec("static/inductor", [0.6, 0.7, 0.65] * 4)]
+    info = RunInfo(workload=Workload(), options={"rounds": 12, "warmup": 1}, weights="synthetic")
+    env = {k: "?" for k in ("torch", "torchvision", "torch_xla", "cpu", "gpu", "threads", "seed", "commit", "date",
+                            "affinity")}
+    doc = RunDocument(name="t", records=records, run=info, environment=env)
+    md = report.markdown(doc)
+    assert "geometric mean" in md and "target: this project's speed goal" in md and "issue" not in md
+    paths = report.write(doc, tmp_path)
+    assert (tmp_path / "t_inference.png") in paths
+    assert '<div class="scroll">' in (tmp_path / "t.html").read_text()
+
+
+def test_other_load_is_the_busy_time_the_run_did_not_use():
+    # 2 s intervals: the machine was busy 3.0 CPU-s, the run's own processes used 2.0 of them.
+    states = [{"wall_s": 2.0 * i, "cpu_busy_s": 3.0 * i, "own_cpu_s": 2.0 * i, "steal_s": 0.2 * i}
+              for i in range(5)]
+    got = report.other_load(states)
+    assert got == {"other_cores": pytest.approx(0.5), "steal_cores": pytest.approx(0.1), "intervals": 4.0}
+    assert report.other_load([{"loadavg_1m": 1.0}, {"loadavg_1m": 2.0}]) == {}  # run files from before
+
+
+def test_every_ratio_against_torchvision_carries_its_interval():
+    rng = np.random.default_rng(1)
+    ref_times = list(1.0 + 0.02 * rng.standard_normal(12))
+    records = [rec("torchvision/eager", ref_times),
+               rec("static/inductor", [0.6 * t for t in ref_times]),
+               rec("static/xla", [0.9 * t for t in ref_times]),
+               rec("static/eager", [0.8 * t for t in ref_times[:5]])]  # fewer rounds: cannot be paired
+    table = report.table_frame(records).set_index("row")
+    assert table.loc["static/inductor", "ratio_ci95"] == "[0.6, 0.6]"
+    assert "met (0.600x, 95% CI [0.6, 0.6])" in table.loc["static/inductor", "target"]
+    assert table.loc["static/eager", "ratio_ci95"] == "" and table.loc["torchvision/eager", "ratio_ci95"] == ""
+    assert "95% CI" not in table.loc["static/xla", "target"]  # its goal is against static/eager
