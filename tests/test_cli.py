@@ -11,12 +11,14 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from mrcnn import cli as mrcnn_cli
 from mrcnn import exits, progress
+from mrcnn.engine.hooks import ProgressBar
 from mrcnn_bench import cli, defaults
 from mrcnn_bench.cases import CASES
 
@@ -232,3 +234,15 @@ def test_cpu_pinning_takes_a_taskset_list_of_cpus_this_process_may_use(capsys):
             cli.parse_cpus(bad)
     assert cli.main(["run", "--cpus", "9999"]) == exits.UNDECIDED
     assert "may use only" in capsys.readouterr().err
+
+
+def test_the_training_progress_is_a_few_lines_in_a_log_not_one_per_step(monkeypatch, capsys):
+    monkeypatch.setenv("CI", "true")
+    trainer = SimpleNamespace(total=200, state=SimpleNamespace(step=0), info=SimpleNamespace(main=True))
+    hook = ProgressBar()
+    hook.before_train(trainer)
+    for step in range(200):
+        hook.after_step(trainer, {"loss": 1.0 / (step + 1), "lr": 0.01})
+    hook.after_train(trainer)
+    lines = capsys.readouterr().err.splitlines()
+    assert 2 <= len(lines) <= 3 and "200/200" in lines[-1] and "loss=" in lines[-1], lines

@@ -33,7 +33,8 @@ class ProgressBar(Hook):
     def after_step(self, trainer: Trainer, record: dict[str, Any]) -> None:
         assert self.bar is not None
         self.bar.update(1)
-        self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.3g}")
+        # Shown at the next redraw: a redraw per step would be a line per step in a CI log.
+        self.bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.3g}", refresh=False)
 
     def after_train(self, trainer: Trainer) -> None:
         if self.bar is not None:
