@@ -7,14 +7,18 @@
 whose extent (resized size rounded up to ``size_divisible``) is smaller than its canvas bucket
 (1, 15 and 31 px below a multiple of 32, portrait and landscape), compares ``MaskRCNN.predict``
 with torchvision's Mask R-CNN (same weights: ``--weights`` or ``synthetic_weights(cfg, seed)``),
-with masking on and off, for both op impls. One JSON line per (seed, photo, size, impl, masking)
-goes to ``DIR/parity.jsonl`` as soon as it is measured; a rerun skips the lines already there, so
-an interrupted run resumes. ``DIR/parity_summary.json`` aggregates them.
+with masking on and off, for both op impls. Each is matched against torchvision as shipped and
+against torchvision with equal scores ordered by index (``mrcnn.parity.torchvision_stable_ties``):
+a case is "tie-sensitive" when those two torchvision results differ, i.e. when torchvision's own
+answer depends on how its unstable sort orders exactly equal scores. One JSON line per (seed,
+photo, size, impl, masking) goes to ``DIR/parity.jsonl`` as soon as it is measured; a rerun skips
+the lines already there, so an interrupted run resumes. ``DIR/parity_summary.json`` aggregates them.
 
 ``cost``: latency of the static model with and without masking, eager and inductor
 (``torch.compile(fullgraph=True)``), interleaved round by round in one process (A B B A ...) on one
 batch of textured images; each timed call appends to ``DIR/cost.jsonl`` (rerun: rounds already
-there are skipped) and ``DIR/cost_summary.json`` holds medians. Run it on an idle machine.
+there are skipped); ``DIR/cost_summary.json`` holds the medians and, per mode, the median of the
+per-round ratio masked / unmasked with its 95% bootstrap interval. Run it on an idle machine.
 
 The defaults follow the issue: coco_r50_fpn with min_size 320, max_size 533.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -35,10 +40,11 @@ from torchvision.io import ImageReadMode, read_image
 from mrcnn.backbone import padded_extents
 from mrcnn.config import Config, get_config
 from mrcnn.model import MaskRCNN
-from mrcnn.parity import match_detections
+from mrcnn.parity import match_detections, same_detections, torchvision_stable_ties
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import resized_size, select_canvas, to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from mrcnn_bench.stats import paired_ratio_ci
 
 PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
 DELTAS = (1, 15, 31)
@@ -111,14 +117,20 @@ def run_parity(cfg: Config, opts: argparse.Namespace) -> None:
             image = photo(name, size)
             with torch.no_grad():
                 ref = tv([image])[0]
+                with torchvision_stable_ties():
+                    ref_stable = tv([image])[0]
             for (impl, masked), key in keys.items():
                 if key in done:
                     continue
                 model = MaskRCNN(cfg.replace(ops_impl=impl, mask_padding=bool(masked))).eval()
-                p = match_detections(ref, load_torchvision_weights(model, weights).predict([image])[0])
+                det = load_torchvision_weights(model, weights).predict([image])[0]
+                p, q = match_detections(ref, det), match_detections(ref_stable, det)
                 row = dict(key=key, seed=seed, photo=name, size=size, impl=impl, mask_padding=bool(masked),
                            num_ref=p.num_ref, num_other=p.num_other, matched=p.matched,
-                           mean_mask_iou=float(p.mask_ious.mean()) if p.matched else None)  # fmt: skip
+                           mean_mask_iou=float(p.mask_ious.mean()) if p.matched else None,
+                           tie_sensitive=not same_detections(ref, ref_stable),
+                           num_ref_stable=q.num_ref, matched_stable=q.matched,
+                           mean_mask_iou_stable=float(q.mask_ious.mean()) if q.matched else None)  # fmt: skip
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")
                 print(json.dumps(row), flush=True)
@@ -126,21 +138,38 @@ def run_parity(cfg: Config, opts: argparse.Namespace) -> None:
 
 
 def summarize_parity(path: Path, dest: Path) -> None:
+    """Per (impl, masking): parity against torchvision as shipped, and against torchvision with equal
+    scores ordered by index (``torchvision_stable_ties``), over all cases and over the cases whose
+    torchvision result does not depend on that order."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     summary = {}
     for impl, masked in sorted({(r["impl"], r["mask_padding"]) for r in rows}):
         sel = [r for r in rows if r["impl"] == impl and r["mask_padding"] == masked]
-        n_ref, n_other = sum(r["num_ref"] for r in sel), sum(r["num_other"] for r in sel)
-        matched = sum(r["matched"] for r in sel)
-        ious = [r["mean_mask_iou"] for r in sel if r["mean_mask_iou"] is not None]
-        summary[f"{impl}, mask_padding={masked}"] = dict(
-            cases=len(sel), num_ref=n_ref, num_other=n_other,
-            ref_matched=matched / max(n_ref, 1), other_matched=matched / max(n_other, 1),
-            worst_case_matched=min(r["matched"] / max(r["num_ref"], r["num_other"], 1) for r in sel),
-            mean_mask_iou=statistics.fmean(ious) if ious else None,
-        )  # fmt: skip
+        entry = {"cases": len(sel), "tie_sensitive_cases": sum(bool(r.get("tie_sensitive")) for r in sel)}
+        entry["vs torchvision"] = _parity_totals(sel, "num_ref", "matched", "mean_mask_iou")
+        if all("matched_stable" in r for r in sel):
+            entry["vs torchvision, ties by index"] = _parity_totals(
+                sel, "num_ref_stable", "matched_stable", "mean_mask_iou_stable"
+            )
+            untied = [r for r in sel if not r["tie_sensitive"]]
+            if untied:
+                entry["vs torchvision, tie-free cases"] = _parity_totals(untied, "num_ref", "matched", "mean_mask_iou")
+        summary[f"{impl}, mask_padding={masked}"] = entry
     dest.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
+
+
+def _parity_totals(rows: list[dict], num_ref: str, matched: str, iou: str) -> dict:
+    """Detections matched both ways over ``rows``, the worst case, and the mean of per-case mask IoUs."""
+    n_ref, n_other = sum(r[num_ref] for r in rows), sum(r["num_other"] for r in rows)
+    hits = sum(r[matched] for r in rows)
+    ious = [r[iou] for r in rows if r[iou] is not None]
+    return dict(
+        num_ref=n_ref, num_other=n_other,
+        ref_matched=hits / max(n_ref, 1), other_matched=hits / max(n_other, 1),
+        worst_case_matched=min(r[matched] / max(r[num_ref], r["num_other"], 1) for r in rows),
+        mean_mask_iou=statistics.fmean(ious) if ious else None,
+    )  # fmt: skip
 
 
 def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
@@ -173,11 +202,18 @@ def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
             with out.open("a") as f:
                 f.write(json.dumps(dict(key=key, round=r, variant=name, seconds=seconds)) + "\n")
     rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    seconds = {n: {r["round"]: r["seconds"] for r in rows if r["variant"] == n} for n in names}
     summary = {
         "canvas": list(batch.tensors.shape[-2:]), "size": list(size), "batch_size": opts.batch_size,
-        "threads": torch.get_num_threads(),
-        "median_seconds": {n: statistics.median(r["seconds"] for r in rows if r["variant"] == n) for n in names},
+        "threads": torch.get_num_threads(), "loadavg_1min_at_end": os.getloadavg()[0],
+        "median_seconds": {n: statistics.median(seconds[n].values()) for n in names},
+        "samples": {n: len(seconds[n]) for n in names},
     }  # fmt: skip
+    for mode in opts.modes:  # masked / unmasked per round: the drift of the machine cancels
+        on, off = seconds[f"{mode}:mask_padding=True"], seconds[f"{mode}:mask_padding=False"]
+        both = sorted(set(on) & set(off))
+        ratio, low, high = paired_ratio_ci([off[r] for r in both], [on[r] for r in both])
+        summary[f"{mode}: masked / unmasked"] = {"median_ratio": ratio, "ci95": [low, high], "rounds": len(both)}
     (opts.out / "cost_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
 

@@ -7,11 +7,14 @@ to one. Pasted masks of partners are compared by IoU after thresholding at 0.5.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torchvision.ops.boxes as tv_boxes
 from torch import Tensor
-from torchvision.ops import box_iou
+from torchvision.ops import box_iou, nms
 
 
 @dataclass(frozen=True)
@@ -70,3 +73,37 @@ def _mask_iou(a: Tensor, b: Tensor) -> float:
     a, b = a > 0.5, b > 0.5
     union = (a | b).sum()
     return float((a & b).sum() / union) if union > 0 else 1.0
+
+
+@contextlib.contextmanager
+def torchvision_stable_ties() -> Iterator[None]:
+    """Within the block, torchvision's ``batched_nms`` orders equal scores by index.
+
+    On the CPU, ``batched_nms`` with more than 1000 boxes runs NMS class by class and merges the
+    kept boxes with an unstable sort (``std::sort``), so the order of exactly equal scores, and
+    which of them survive a ``[:post_nms_top_n]`` or ``[:detections_per_img]`` cut, is whatever
+    that sort leaves. Saturated sigmoid objectness (every score 1.0 in fp32) makes the RPN's
+    proposals depend on it entirely. The static model's pure-tensor NMS breaks ties by index, a
+    rule that can be stated; this makes torchvision follow the same rule, changing nothing else
+    (the kept set of each class and the order of distinct scores are the same).
+    """
+    shipped = tv_boxes._batched_nms_vanilla
+
+    def per_class_then_stable(boxes: Tensor, scores: Tensor, idxs: Tensor, iou_threshold: float) -> Tensor:
+        kept = torch.zeros_like(scores, dtype=torch.bool)
+        for label in torch.unique(idxs):
+            members = (idxs == label).nonzero().squeeze(1)
+            kept[members[nms(boxes[members], scores[members], iou_threshold)]] = True
+        survivors = kept.nonzero().squeeze(1)
+        return survivors[torch.sort(scores[survivors], descending=True, stable=True).indices]
+
+    tv_boxes._batched_nms_vanilla = per_class_then_stable
+    try:
+        yield
+    finally:
+        tv_boxes._batched_nms_vanilla = shipped
+
+
+def same_detections(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    """True when two detection dicts of one image hold the same boxes, scores and labels, in order."""
+    return all(torch.equal(a[k], b[k]) for k in ("boxes", "scores", "labels"))

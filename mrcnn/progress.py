@@ -54,8 +54,11 @@ def progress(iterable: Iterable[Any] | None = None, *, enabled: bool = True, str
     stream = sys.stderr if stream is None else stream
     if interactive(stream):
         return tqdm(iterable, file=stream, disable=not enabled, dynamic_ncols=True, **kwargs)
+    # tqdm's monitor thread redraws a bar idle for ``maxinterval``; at the same 30 s as the updates'
+    # own redraw it raced them and printed the same step twice. At twice that, it speaks only when
+    # the work has stalled.
     return tqdm(iterable, file=_Lines(stream), disable=not enabled, mininterval=LINE_INTERVAL_S,
-                maxinterval=LINE_INTERVAL_S, ascii=True, ncols=100, **kwargs)  # fmt: skip
+                maxinterval=2 * LINE_INTERVAL_S, ascii=True, ncols=100, **kwargs)  # fmt: skip
 
 
 def add_progress_flag(parser: argparse.ArgumentParser, *old_spellings: str) -> None:

@@ -611,3 +611,29 @@ def test_xla_tensor_impls_no_fallback_no_recompile():
     run(2)
     assert met.counter_value("UncachedCompile") == compiles, "new data of the same shape recompiled"
     assert not met.executed_fallback_ops(), met.executed_fallback_ops()
+
+
+def test_torchvision_stable_ties_orders_equal_scores_by_index():
+    """Above 1000 CPU boxes, batched_nms merges classes with an unstable sort, so equal scores come
+    out in whatever order std::sort leaves; within ``torchvision_stable_ties`` they come out by index,
+    which is the order of the pure-tensor NMS. The kept set is the same either way."""
+    import torchvision.ops.boxes as tv_boxes
+
+    from mrcnn.parity import torchvision_stable_ties
+
+    gen = torch.Generator().manual_seed(7)
+    n = 1500  # > 1000 boxes: batched_nms's per-class path on the CPU
+    boxes, _ = clustered_boxes(gen, 1, n, clusters=200)
+    scores = torch.ones(1, n)  # saturated: every score ties, as sigmoid(objectness) = 1.0 in fp32 does
+    scores[0, : n // 3] = 0.5
+    groups = torch.randint(0, 3, (1, n), generator=gen)
+    shipped_fn = tv_boxes._batched_nms_vanilla
+    shipped = torchvision.ops.batched_nms(boxes[0], scores[0], groups[0], 0.7)
+    with torchvision_stable_ties():
+        stable = torchvision.ops.batched_nms(boxes[0], scores[0], groups[0], 0.7)
+    assert tv_boxes._batched_nms_vanilla is shipped_fn  # restored
+    assert not torch.equal(shipped, stable), "std::sort kept the index order: the test shows nothing"
+    assert sorted(shipped.tolist()) == sorted(stable.tolist())
+    everything = torch.ones(1, n, dtype=torch.bool)
+    keep, keep_valid = nms_fixed(boxes, scores, everything, 0.7, n, groups=groups, impl="tensor")
+    assert torch.equal(keep[0, keep_valid[0]], stable)
