@@ -65,8 +65,24 @@ def textured_images(sizes: tuple[tuple[int, int], ...], seed: int = 0) -> list[T
     return images
 
 
+def calibration_images(cfg: Config, seed: int = 0) -> list[Tensor]:
+    """The default calibration batch of :func:`synthetic_weights`: textured and white-noise images.
+
+    Statistics taken on smooth textured images alone are narrower than what photographs produce
+    (sharp edges, every frequency), and through a deep backbone the gap compounds until a photo's
+    objectness and class scores saturate (sigmoid and softmax give exactly 1.0 in fp32). Then
+    torchvision's own detections depend on how its sort orders equal scores, and parity measures
+    tie-breaking instead of the model. White noise in the same batch widens every statistic.
+    """
+    sizes = ((cfg.min_size, int(cfg.min_size * 1.3)), (cfg.min_size, cfg.min_size))
+    g = torch.Generator().manual_seed(seed)
+    return textured_images(sizes, seed) + [torch.rand(3, h, w, generator=g) for h, w in sizes]
+
+
 @torch.no_grad()
-def synthetic_weights(cfg: Config | str = "coco_r50_fpn", seed: int = 0) -> dict[str, Tensor]:
+def synthetic_weights(
+    cfg: Config | str = "coco_r50_fpn", seed: int = 0, images: list[Tensor] | None = None
+) -> dict[str, Tensor]:
     """Deterministic, data-calibrated random weights that make Mask R-CNN produce real detections.
 
     Plain random init gives near-constant objectness and near-uniform class scores (1/91 each,
@@ -76,11 +92,14 @@ def synthetic_weights(cfg: Config | str = "coco_r50_fpn", seed: int = 0) -> dict
     and class logits with standard deviation ~2.5, non-zero box deltas, and mask logits far from 0.
     The result gives dozens of detections per image with distinct scores, which makes parity
     against torchvision a real test. Returns a torchvision-compatible state_dict.
+
+    ``images`` ([3, h, w] in [0, 1]) replace the default calibration batch: smooth textured images
+    and as many white-noise images (:func:`calibration_images`).
     """
     cfg = get_config(cfg) if isinstance(cfg, str) else cfg
     torch.manual_seed(seed)
     model = torchvision_model(cfg).eval()
-    images = textured_images(((cfg.min_size, int(cfg.min_size * 1.3)), (cfg.min_size, cfg.min_size)), seed)
+    images = calibration_images(cfg, seed) if images is None else images
 
     hooks = [
         m.register_forward_pre_hook(_standardise_once) for m in model.modules() if isinstance(m, FrozenBatchNorm2d)
