@@ -1,8 +1,8 @@
 """The CUDA paths: the static model on a GPU against torchvision on the same GPU, and against the CPU.
 
 CI has no GPU, so every test here skips with its reason there. On a GPU box run
-``pytest tests/test_cuda.py`` (the README's "GPU and TPU: first run"); ``results/gpu/`` holds what
-this file printed on a lent H100.
+``pytest tests/test_cuda.py`` (the README's "GPU and TPU: first run"). No GPU has been reachable
+from this project's machines yet, so these tests have not run anywhere.
 
 TF32 is turned off for the module: on Ampere and later it rounds convolution and matmul inputs to a
 10-bit mantissa, and the comparisons would then measure TF32 rather than the model.
