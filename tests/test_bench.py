@@ -142,7 +142,12 @@ def test_run_writes_records_with_environment(run_dir):
     # The record's own fields: the same keys in the same order as a committed run file; its environment
     # may add keys (what the machine shows, e.g. the frequency governor) but keeps every old one.
     fields = [k for k in raw["records"][0] if not k.startswith("env_")]
-    assert fields == [k for k in committed["records"][0] if not k.startswith("env_")]
+    old = [k for k in committed["records"][0] if not k.startswith("env_")]
+    # ... and the keys added since, which are written only when set.
+    assert fields[: len(old)] == old and fields[len(old) :] == ["warmup_s", "first_pass_s"]
+    warm = raw["records"][1]["warmup_s"]
+    assert len(warm) >= 1 and warm[0] == raw["records"][1]["first_result_s"]
+    assert raw["records"][1]["first_pass_s"] == pytest.approx(math.fsum(warm))
     assert {k for k in committed["records"][0] if k.startswith("env_")} <= set(raw["records"][0])
     assert raw["run"]["ceiling"]["fp32_gflops"] > 0 and raw["records"][0]["env_cpus"]
 

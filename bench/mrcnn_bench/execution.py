@@ -1,16 +1,19 @@
-"""Running a row: in this process (:class:`InProcessRow`) or in a bounded worker (:class:`WorkerRow`).
+"""Running a row: in this process (:class:`InProcessRow`) or in a worker process (:class:`WorkerRow`).
 
 Both answer ``setup()``, then ``call(index) -> (seconds, result, peak GB, call's extra GB)``,
 ``counters()`` and ``close()``. A row runs in a worker subprocess (``python -m mrcnn_bench.worker``)
-when it may never finish (``Case.bounded``: killed at the time limit, reported as "> limit" with
-the compile counts it reached) or when its variant imports other code (``compare A B`` across two
-checkouts). The protocol is :mod:`mrcnn_bench.worker`'s.
+by default (``RunOptions.isolate``), and always when it may never finish (``Case.bounded``: killed
+at the time limit, reported as "> limit" with the compile counts it reached) or when its variant
+imports other code (``compare A B`` across two checkouts). A worker is stopped (SIGSTOP, its whole
+process group) except during its own calls, so nothing of an idle row (runtime threads, inductor's
+compile workers) runs while another row is timed. The protocol is :mod:`mrcnn_bench.worker`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import signal
@@ -84,16 +87,17 @@ def timed_call(pipeline: Pipeline, index: int) -> CallResult:
 
 
 class WorkerRow:
-    """A row run by ``python -m mrcnn_bench.worker`` in its own process group.
+    """A row run by ``python -m mrcnn_bench.worker`` in its own process group, stopped between calls.
 
-    The time limit bounds set-up plus the first call (time to first result), and then each call.
+    The time limit (None: none) bounds set-up plus the first call (time to first result), and then
+    each call.
     The worker writes its compile counters to ``status.json`` every half second (and after each
     call), so a killed worker still says how far it got. ``PYTHONPATH`` puts the variant's
     checkout (if any) first, so its ``mrcnn`` is the one imported; the harness is this one.
     """
 
-    def __init__(self, row: Row, workdir: Path, limit: float) -> None:
-        self.row, self.limit = row, float(limit)
+    def __init__(self, row: Row, workdir: Path, limit: float | None) -> None:
+        self.row, self.limit = row, None if limit is None else float(limit)
         self.dir = workdir / row.name.replace("/", "_").replace(":", "_")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
@@ -111,7 +115,7 @@ class WorkerRow:
         env["PYTHONPATH"] = os.pathsep.join(paths)
         (self.dir / "row.json").write_text(json.dumps(self.row.to_dict()))
         self._log = open(self.dir / "worker.log", "wb")  # noqa: SIM115 (closed in close())
-        self._deadline = time.monotonic() + self.limit
+        self._set_deadline()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mrcnn_bench.worker", str(self.workdir), str(self.dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
@@ -120,13 +124,18 @@ class WorkerRow:
         msg = self._receive()
         if msg.get("event") != "ready":
             raise RowError(msg.get("error") or f"worker sent {msg} instead of 'ready'")
+        self._signal(signal.SIGSTOP)
 
     def call(self, index: int, first: bool = False) -> CallResult:
         if not first:
-            self._deadline = time.monotonic() + self.limit
+            self._set_deadline()
         out = self.dir / "outputs.pt"
-        self._send({"cmd": "call", "index": index, "out": str(out)})
-        msg = self._receive()
+        self._signal(signal.SIGCONT)
+        try:
+            self._send({"cmd": "call", "index": index, "out": str(out)})
+            msg = self._receive()
+        finally:
+            self._signal(signal.SIGSTOP)
         if not msg.get("ok"):
             raise RowError(msg.get("error", f"bad reply {msg}"))
         self.last_counters = msg.get("counters", {})
@@ -141,11 +150,27 @@ class WorkerRow:
     def close(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(Exception):
+                self._signal(signal.SIGCONT)
                 self._send({"cmd": "exit"})
                 self.proc.wait(timeout=10)
         self._kill()
         with contextlib.suppress(Exception):
             self._log.close()
+
+    def _set_deadline(self) -> None:
+        self._deadline = math.inf if self.limit is None else time.monotonic() + self.limit
+
+    def _signal(self, signum: int) -> None:
+        """``signum`` to the worker's whole process group (inductor's compile workers too); after
+        SIGSTOP, waits (up to a second) until the worker is stopped: delivery is asynchronous."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+        if signum == signal.SIGSTOP:
+            deadline = time.monotonic() + 1.0
+            while process_state(self.proc.pid) not in ("T", "t", "Z", "X", "") and time.monotonic() < deadline:
+                time.sleep(0.001)
 
     def _kill(self) -> None:
         if self.proc is None:
@@ -178,7 +203,8 @@ class WorkerRow:
                     return json.loads(line)
                 continue
             remaining = self._deadline - time.monotonic()
-            ready = select.select([fd], [], [], max(0.0, remaining))[0] if remaining > 0 else []
+            timeout = None if math.isinf(remaining) else max(0.0, remaining)
+            ready = select.select([fd], [], [], timeout)[0] if remaining > 0 else []
             if not ready:
                 status = self._read_status()
                 self._kill()
@@ -200,6 +226,15 @@ class WorkerRow:
             self._log.flush()
             return (self.dir / "worker.log").read_bytes()[-n:].decode(errors="replace").strip()
         return ""
+
+
+def process_state(pid: int) -> str:
+    """The state letter of a process from /proc (T: stopped, S: sleeping, R: running); "" if unreadable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rindex(")") + 2]
 
 
 def describe_status(status: dict) -> str:

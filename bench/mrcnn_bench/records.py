@@ -40,6 +40,7 @@ class RowResult:
     detail: str = ""
     setup_s: float = NAN
     first_result_s: float = NAN
+    warmup_s: list[float] = field(default_factory=list)  # each warm-up call, compilation included
     times: list[float] = field(default_factory=list)
     counters_start: dict[str, float] = field(default_factory=dict)
     counters_warm: dict[str, float] = field(default_factory=dict)
@@ -108,11 +109,20 @@ class Record:
     box_ap: float = NAN
     mask_ap: float = NAN
     eval_images: int = 0
+    # Added later, written only when set (so older run files read back the same): the warm-up calls,
+    # which go once over every distinct input before round 1, compilation included, and their sum,
+    # the time of one cold pass over the workload's images.
+    warmup_s: list[float] = field(default_factory=list)
+    first_pass_s: float = NAN
     env: dict[str, Any] = field(default_factory=dict)  # written as env_<key> entries
 
     def to_dict(self) -> dict[str, Any]:
         """The record's JSON form: today's keys, in order, the environment as ``env_<key>``."""
         out = {f.name: getattr(self, f.name) for f in _FIELDS}
+        for name in _RECORD_WRITTEN_WHEN_SET:
+            value = out[name]
+            if value == [] or value != value:  # empty or NaN
+                del out[name]
         out.update({f"env_{k}": v for k, v in self.env.items()})
         return out
 
@@ -128,6 +138,7 @@ class Record:
 
 
 _FIELDS = [f for f in dataclasses.fields(Record) if f.name != "env"]
+_RECORD_WRITTEN_WHEN_SET = ("warmup_s", "first_pass_s")
 _FIELD_NAMES = frozenset(f.name for f in _FIELDS)
 _FLOAT_FIELDS = frozenset(f.name for f in _FIELDS if f.type == "float")
 
@@ -261,7 +272,8 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
         mask_iou_min=par["mask_iou_min"] if par else NAN,
         final_loss=r.losses[-1] if r.losses else NAN,
         box_ap=r.accuracy.get("box_ap", NAN), mask_ap=r.accuracy.get("mask_ap", NAN),
-        eval_images=r.accuracy.get("eval_images", 0), env=env,
+        eval_images=r.accuracy.get("eval_images", 0),
+        warmup_s=list(r.warmup_s), first_pass_s=math.fsum(r.warmup_s) if r.warmup_s else NAN, env=env,
     )
 
 

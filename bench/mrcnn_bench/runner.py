@@ -7,9 +7,11 @@ so slow drift of a shared machine hits every row alike. The first call of a row 
 use (:func:`warmup_calls`), so no compilation lands in a round; the rounds give the median and IQR
 of steady state.
 
-What a call is: :mod:`mrcnn_bench.pipelines`. Where a row runs (this process or a bounded worker):
-:mod:`mrcnn_bench.execution`. Parity is checked on the timed outputs themselves: each inference
-row against the reference row (torchvision eager) of its variant, on the same images.
+What a call is: :mod:`mrcnn_bench.pipelines`. Where a row runs: :mod:`mrcnn_bench.execution`; by
+default each row in a worker process of its own, stopped while the other rows run
+(``RunOptions.isolate``), so a row's figures do not depend on its neighbours. Parity is checked
+on the timed outputs themselves: each inference row against the reference row (torchvision eager)
+of its variant, on the same images.
 
 A run with a journal (``RunOptions.journal``: ``mrcnn-bench run --out``) appends each finished
 round to it (:mod:`mrcnn_bench.journal`) and turns SIGTERM and SIGINT into a clean stop: the rounds
@@ -45,6 +47,7 @@ from mrcnn_bench.cases import Case, Row, Variant, Workload
 from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
 from mrcnn_bench.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
 from mrcnn_bench.parity import parity_stats
+from mrcnn_bench.pipelines import Pipeline
 from mrcnn_bench.probes import case_flops, machine_state, measure_peaks
 from mrcnn_bench.profile import profile_stages
 from mrcnn_bench.records import RowResult, RunInfo
@@ -76,6 +79,11 @@ class RunOptions:
     journal: Path | None = None  # append each finished round here; SIGTERM / SIGINT stop cleanly
     resume: bool = False  # continue the run this journal holds
     cpus: tuple[int, ...] | None = None  # pin the run (and its workers) to these CPUs; None: as started
+    # Each row in a process of its own, paused (SIGSTOP) while other rows run: no row shares a
+    # compile cache, global state (autocast), allocator or runtime threads (XLA, inductor's compile
+    # pool) with another, so a row's counts and ratio do not depend on which other rows run.
+    # False: rows that need no worker (not bounded, same code) share this process, as before.
+    isolate: bool = True
 
 
 class Interrupted(BaseException):
@@ -226,14 +234,22 @@ def setup_rows(active: list[RowResult], ctx: Context, opts: RunOptions,
         # A cold cache, so compile times are those of a first run (workers inherit it).
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")
         stack.callback(os.environ.pop, "TORCHINDUCTOR_CACHE_DIR", None)
-    if any(r.row.in_worker for r in active):
+    if any(_in_worker(r.row, opts) for r in active):
         save_context(ctx, workdir)
     runners: dict[str, RowRunner] = {}
     for r in active:
-        runner = WorkerRow(r.row, workdir, opts.time_limit) if r.row.in_worker else InProcessRow(r.row, ctx)
+        if _in_worker(r.row, opts):
+            # Only a bounded row has a time limit: another row is waited for however long it takes.
+            runner: RowRunner = WorkerRow(r.row, workdir, opts.time_limit if r.row.case.bounded else None)
+        else:
+            runner = InProcessRow(r.row, ctx)
         stack.callback(runner.close)
         runners[r.row.name] = runner
     return runners
+
+
+def _in_worker(row: Row, opts: RunOptions) -> bool:
+    return opts.isolate or row.in_worker
 
 
 def _call(r: RowResult, runner: RowRunner, index: int, first: bool = False) -> tuple[float, Any]:
@@ -275,8 +291,10 @@ def warm_up(active: list[RowResult], runners: dict[str, RowRunner], opts: RunOpt
 
 
 def _warm_up_row(r: RowResult, runner: RowRunner, calls: int, opts: RunOptions) -> None:
-    in_worker = r.row.in_worker
-    log(f"{r.row.name}: set-up" + (f" (bounded at {opts.time_limit:g} s)" if in_worker else ""))
+    in_worker = isinstance(runner, WorkerRow)
+    bounded = in_worker and runner.limit is not None
+    log(f"{r.row.name}: set-up" + (" in its own process" if in_worker else "")
+        + (f" (bounded at {opts.time_limit:g} s)" if bounded else ""))
     r.counters_start = runner.counters()
     # Dynamo's reasons are process-wide: keep those the row's own warm-up adds.
     reasons_before = backends.dynamo_reasons() if r.row.case.compiler == "inductor" and not in_worker else None
@@ -287,6 +305,7 @@ def _warm_up_row(r: RowResult, runner: RowRunner, calls: int, opts: RunOptions) 
         r.counters_start = runner.counters()
     for w in range(calls):
         seconds, _ = _call(r, runner, w, first=w == 0)
+        r.warmup_s.append(seconds)
         if w == 0:
             r.first_result_s = seconds
             log(f"{r.row.name}: first result in {seconds:.2f} s (set-up {r.setup_s:.1f} s)")
@@ -373,7 +392,7 @@ def _time_row(r: RowResult, runner: RowRunner, index: int, rnd: int, outputs: di
     """One timed call of a row in round ``rnd``: its time, its counters' change, its output."""
     # Counters are process-wide: attribute to a row only what changed during its own call
     # (a worker reports its counters with each reply).
-    before = (r.counters_end or r.counters_warm) if r.row.in_worker else runner.counters()
+    before = (r.counters_end or r.counters_warm) if isinstance(runner, WorkerRow) else runner.counters()
     try:
         seconds, outputs[r.row] = _call(r, runner, index)
         r.times.append(seconds)
@@ -434,13 +453,17 @@ def evaluate_rows(results: list[RowResult], runners: dict[str, RowRunner], ctx: 
         dataset = CocoDataset.from_config(root, split, ctx.config(Variant()))
         count = min(opts.eval_images, len(dataset))
         for r in results:
-            runner = runners[r.row.name]
-            if r.row.case.name not in EVAL_CASES or not isinstance(runner, InProcessRow):
+            if r.row.case.name not in EVAL_CASES or r.row.variant.code is not None:
                 continue
+            runner = runners[r.row.name]
+            # Accuracy is not timed: a row in a worker is evaluated by a pipeline built here.
+            pipeline = runner.pipeline if isinstance(runner, InProcessRow) else Pipeline(r.row, ctx)
+            if not isinstance(runner, InProcessRow):
+                pipeline.setup()
             log(f"{r.row.name}: COCO evaluation on {count} images of {root} ({split})")
             evaluator = CocoEvaluator(dataset.coco, dataset.label_to_category_id)
             for i in range(count):
                 image, target = dataset[i]
-                evaluator.update(runner.pipeline.infer([image.float() / 255]), [int(target["image_id"])])
+                evaluator.update(pipeline.infer([image.float() / 255]), [int(target["image_id"])])
             metrics = evaluator.summarize()
             r.accuracy = {"box_ap": metrics["bbox/AP"], "mask_ap": metrics["segm/AP"], "eval_images": count}
