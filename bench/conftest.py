@@ -10,6 +10,13 @@ import torch  # after PJRT_DEVICE
 
 from mrcnn_bench.store import cpu_model
 
+QUICK_ROUNDS = 5  # CI's: the suite there checks that every case runs and compiles once, not its speed
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick-rounds", type=int, default=QUICK_ROUNDS,
+                     help=f"timed rounds per quick case (default: {QUICK_ROUNDS}; a stored baseline wants 30 or more)")
+
 
 def pytest_benchmark_update_machine_info(config, machine_info):
     """CPU and GPU model in every saved benchmark file, so files from several machines stay apart."""

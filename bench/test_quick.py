@@ -1,8 +1,8 @@
 """The quick cases under pytest-benchmark: explicit rounds, non-time metrics in ``extra_info``.
 
     pytest bench --benchmark-only --benchmark-json out/bench.json
-    pytest bench --benchmark-only --benchmark-storage file://./results/pytest-benchmark --benchmark-compare \
-        --benchmark-compare-fail median:25%
+    pytest bench --benchmark-only --quick-rounds 30 --benchmark-storage file://./results/pytest-benchmark \
+        --benchmark-compare --benchmark-compare-fail median:25%
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from mrcnn_bench.context import ContextOptions, make_context
 from mrcnn_bench.pipelines import Pipeline
 from mrcnn_bench.probes import count_flops
 
-ROUNDS = 5
 TIMED_INDEX = 1  # the call every round times; it is also the warm-up call, so its compile is never timed
 COMPILE_COUNTERS = ("uncached_compile", "unique_graphs", "graph_breaks", "recompiles")  # XLA's, dynamo's
 
@@ -32,7 +31,7 @@ def context():
 
 
 @pytest.mark.parametrize("name", QUICK)
-def test_case(benchmark, context, name):
+def test_case(benchmark, context, name, request):
     case = CASES[name]
     reason = case.skip_reason()
     if reason:
@@ -45,7 +44,8 @@ def test_case(benchmark, context, name):
     first = time.perf_counter() - t0
     warm = pipeline.counters()
     before = backends.memory_reset(pipeline.device)
-    benchmark.pedantic(pipeline.call, args=(TIMED_INDEX,), rounds=ROUNDS, iterations=1, warmup_rounds=0)
+    rounds = request.config.getoption("--quick-rounds")
+    benchmark.pedantic(pipeline.call, args=(TIMED_INDEX,), rounds=rounds, iterations=1, warmup_rounds=0)
     end = pipeline.counters()
     info = benchmark.extra_info
     info.update(case=name, workload=QUICK_WORKLOAD.label, first_result_s=first, phase=case.phase,
