@@ -3,8 +3,9 @@
     python bench/cli_errors.py --out results/cli/wrong_invocations.md
 
 Each command runs in a fresh process from a scratch folder (so relative paths name nothing), with
-``CI`` set (plain progress lines). The table keeps the exit code and stderr as printed: one line
-naming the problem and exit 2 for bad input, never a traceback.
+``CI`` set (plain progress lines); ``VAR=value`` words before the command set its environment, and the
+folder holds :data:`SCRATCH_FILES` (a user's case module that fails at import). The table keeps the
+exit code and stderr as printed: one line naming the problem and exit 2 for bad input, never a traceback.
 """
 
 from __future__ import annotations
@@ -43,14 +44,21 @@ INVOCATIONS = [
     "mrcnn-bench export-db missing.json --out db.json",
     "mrcnn-bench check-benchmarks missing.json",
     "mrcnn-bench list --bogus",
+    "MRCNN_BENCH_CASES=no_such_module mrcnn-bench list",
+    "MRCNN_BENCH_CASES=broken_cases PYTHONPATH=. mrcnn-bench run --cases static/eager",
+    "MRCNN_BENCH_CASES=broken_cases PYTHONPATH=. mrcnn-bench --help",
 ]
+SCRATCH_FILES = {"broken_cases.py": "raise RuntimeError('typo in my cases')\n"}  # $MRCNN_BENCH_CASES's module
 
 
 def run_one(command: str, cwd: Path) -> tuple[int, str]:
     argv = shlex.split(command)
+    env = {**os.environ, "CI": "true"}
+    while "=" in argv[0]:  # VAR=value before the command, as a shell takes it
+        key, _, value = argv.pop(0).partition("=")
+        env[key] = value
     argv[0] = str(BIN / argv[0])
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "CI": "true"})
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=600, env=env)
     return done.returncode, done.stderr.strip()
 
 
@@ -59,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the markdown table to write")
     args = parser.parse_args(argv)
     lines = ["# Wrong invocations and what they print", "",
-             "`python bench/cli_errors.py --out results/cli/wrong_invocations.md`, each command from an empty "
-             "folder, `CI=true`.", "", "| command | exit | stderr |", "| --- | --- | --- |"]
+             "`python bench/cli_errors.py --out results/cli/wrong_invocations.md`, each command from a scratch "
+             "folder holding only `broken_cases.py` (`raise RuntimeError('typo in my cases')`), `CI=true`.", "",
+             "| command | exit | stderr |", "| --- | --- | --- |"]
     tracebacks = []
     with tempfile.TemporaryDirectory(prefix="mrcnn_cli_errors_") as tmp:
+        for name, text in SCRATCH_FILES.items():
+            (Path(tmp) / name).write_text(text)
         for command in INVOCATIONS:
             code, err = run_one(command, Path(tmp))
             if "Traceback" in err:

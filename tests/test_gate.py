@@ -161,6 +161,17 @@ def test_missing_inputs_are_reported_before_measuring(tmp_path, monkeypatch, cap
     assert fake_measure.calls == []
 
 
+def test_every_input_problem_is_reported_the_missing_checkpoint_first(tmp_path, monkeypatch, capsys, fake_measure):
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("PJRT_DEVICE", raising=False)  # static/xla of the baseline cannot run here
+    baseline = write_baseline(tmp_path / "gate.json", {"static/inductor": INDUCTOR, "static/xla": XLA})
+    absent = tmp_path / "absent.pt"
+    assert cli.main(["gate", "--baseline", str(baseline), "--checkpoint", str(absent)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"mrcnn-bench gate: error: 2 problems: (1) --checkpoint {absent}: no such file"), line
+    assert "(2) cannot measure static/xla (PJRT_DEVICE is not set" in line and fake_measure.calls == []
+
+
 # ------------------------------------------------------------------------------------------------
 # 4. One table of exit codes for every command
 

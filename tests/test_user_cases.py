@@ -67,11 +67,40 @@ def test_a_quick_case_reaches_asv_and_pytest_benchmark(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
 
-def test_a_module_that_fails_to_load_is_named(tmp_path):
-    (tmp_path / "broken_cases.py").write_text("raise RuntimeError('typo in my cases')\n")
-    proc = bench(["list"], with_cases("broken_cases", tmp_path), timeout=300)
-    assert proc.returncode != 0
-    assert "$MRCNN_BENCH_CASES: cannot load 'broken_cases': RuntimeError: typo in my cases" in proc.stderr
+BROKEN = {  # module source -> the one line every command prints (exit 2): its start
+    None: "$MRCNN_BENCH_CASES: cannot load 'broken_cases': ModuleNotFoundError: No module named 'broken_cases'",
+    "raise RuntimeError('typo in my cases')\n":
+        "$MRCNN_BENCH_CASES: cannot load 'broken_cases': RuntimeError: typo in my cases",
+    "def cases(:\n": "$MRCNN_BENCH_CASES: cannot load 'broken_cases': SyntaxError: ",  # its text varies by Python
+    "from mrcnn_bench.cases import Case, add_case\nadd_case(Case('static'))\n":
+        "$MRCNN_BENCH_CASES: cannot load 'broken_cases': ValueError: a case named 'static/eager' already exists",
+}
+
+
+def assert_one_line_exit_2(proc: subprocess.CompletedProcess, message: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"mrcnn-bench: error: {message}"), proc.stderr
+
+
+@pytest.mark.parametrize("source", list(BROKEN), ids=["missing", "raises", "syntax", "bad-add_case"])
+def test_a_module_that_fails_to_load_is_named_in_one_line_exit_2(source, tmp_path):
+    if source is not None:
+        (tmp_path / "broken_cases.py").write_text(source)
+    env = with_cases("broken_cases", tmp_path)
+    for args in (["list"], ["run", "--cases", "static/eager"], ["--version"]):  # before parsing: --help alike
+        assert_one_line_exit_2(bench(args, env, timeout=300), BROKEN[source])
+
+
+def test_an_entry_point_that_fails_to_load_is_named_in_one_line_exit_2(tmp_path):
+    dist = tmp_path / "my_cases_pkg-0.1.dist-info"  # an installed package declaring the entry point
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: my-cases-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[mrcnn_bench.cases]\nmine = no_such_package.my_cases\n")
+    proc = bench(["list"], with_cases("", tmp_path), timeout=300)
+    assert_one_line_exit_2(proc, "entry point mine = 'no_such_package.my_cases' of group mrcnn_bench.cases: "
+                                 "cannot load: ModuleNotFoundError: No module named 'no_such_package'")
 
 
 def test_case_rules_and_round_trip():

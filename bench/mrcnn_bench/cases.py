@@ -309,17 +309,36 @@ USER_CASES_ENV = "MRCNN_BENCH_CASES"  # comma-separated modules that add cases
 ENTRY_POINT_GROUP = "mrcnn_bench.cases"  # or entry points of this group, in any installed package
 
 
+class UserCasesError(ValueError):
+    """A module of ``$MRCNN_BENCH_CASES`` or an entry point of the group failed to load. A ValueError:
+    the command lines report it as an input error (exit 2), in one line naming the module and the error."""
+
+
+def _one_line(e: BaseException) -> str:
+    """``RuntimeError: typo in my cases``: the exception's type and the first line of its message."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 def load_user_cases() -> list[str]:
-    """Import every module named in ``$MRCNN_BENCH_CASES`` and every entry point of the group; their names."""
+    """Import every module named in ``$MRCNN_BENCH_CASES`` and every entry point of the group; their names.
+
+    Raises :class:`UserCasesError` naming the module (or entry point) that failed, whatever it raised:
+    a missing module, a syntax error, an exception at import, a bad ``add_case`` call, a ``sys.exit``.
+    """
     loaded = []
     for name in filter(None, (n.strip() for n in os.environ.get(USER_CASES_ENV, "").split(","))):
         try:
             importlib.import_module(name)
-        except Exception as e:  # the user's module: say which one, whatever it raised
-            raise ImportError(f"${USER_CASES_ENV}: cannot load {name!r}: {type(e).__name__}: {e}") from e
+        except (Exception, SystemExit) as e:  # the user's module: say which one, whatever it raised
+            raise UserCasesError(f"${USER_CASES_ENV}: cannot load {name!r}: {_one_line(e)}") from e
         loaded.append(name)
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        ep.load()
+        try:
+            ep.load()
+        except (Exception, SystemExit) as e:
+            raise UserCasesError(f"entry point {ep.name} = {ep.value!r} of group {ENTRY_POINT_GROUP}: cannot load: "
+                                 f"{_one_line(e)}") from e
         loaded.append(ep.value)
     return loaded
 

@@ -41,14 +41,19 @@ from mrcnn.exits import FAILED, PASSED, debug_variable, guarded, version_text
 from mrcnn.overrides import parse_override
 from mrcnn.progress import add_progress_flag
 from mrcnn_bench import defaults
-from mrcnn_bench.cases import (
-    DEFAULT_TIME_LIMIT,
-    DEFAULT_WORKLOADS,
-    Row,
-    default_time_limit,
-    default_workload,
-    parse_cases,
-)
+
+USER_CASES_ERROR: ValueError | None = None  # a user's case module that failed to load: main() reports it, exit 2
+try:  # the first import of mrcnn_bench.cases loads the user's case modules ($MRCNN_BENCH_CASES, entry points)
+    from mrcnn_bench.cases import (
+        DEFAULT_TIME_LIMIT,
+        DEFAULT_WORKLOADS,
+        Row,
+        default_time_limit,
+        default_workload,
+        parse_cases,
+    )
+except ValueError as e:  # mrcnn_bench.cases.UserCasesError: one line naming the module and its error
+    USER_CASES_ERROR = e
 
 if TYPE_CHECKING:  # the commands' modules load torch: imported by each command when it runs
     from mrcnn_bench.ab import CompareOptions
@@ -241,12 +246,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         opts.journal, opts.resume = journal.path_for(args.out, name), args.resume
     out = runner.run(opts)
     doc = records.to_document(out.rows, out.info, name, store.environment(out.info.threads, opts.seed))
-    print(report.markdown(doc))
-    if args.out:
+    if args.out:  # the run file first: a failure below (a plot, printing the table) cannot lose the measurements
         folder = Path(args.out)
-        paths = [store.save(doc, folder / f"{name}.json"), *report.write(doc, folder, with_plots=not args.no_plots)]
-        for p in paths:
+        runner.log(f"wrote {store.save(doc, folder / f'{name}.json')}")
+        for p in report.write(doc, folder, with_plots=not args.no_plots):
             runner.log(f"wrote {p}")
+    print(report.markdown(doc))
     if out.info.interrupted:
         runner.log(f"interrupted by {out.info.interrupted}: the files above hold the rounds that finished; "
                    "the same command with --resume times the rest")
@@ -434,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
     state = {"command": ""}
 
     def run() -> int:
+        if USER_CASES_ERROR is not None:  # before parsing: the parser's help needs the cases
+            raise USER_CASES_ERROR
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
         state["command"] = args.command

@@ -1,7 +1,8 @@
 """Defaults that a command's behaviour and its ``--help`` both read, so the two cannot disagree.
 
 Standard library only: ``mrcnn-bench --help`` imports this module, never the modules that measure
-(they load torch). ``tests/test_cli_help.py`` checks that every help text shows these values.
+(they load torch). ``tests/test_cli.py`` checks that every help text shows these values
+(``test_every_flag_has_help_that_states_its_default``, ``test_help_defaults_are_the_commands_constants``).
 """
 
 from __future__ import annotations

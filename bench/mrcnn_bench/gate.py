@@ -109,19 +109,38 @@ def rebaseline_command(opts: GateOptions) -> str:
 
 
 def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
-    """The compile cases to measure and their baseline ({} when writing it); ValueError naming a bad input."""
+    """The compile cases to measure and their baseline ({} when writing it).
+
+    ValueError naming every bad input found, in one line: the files and refs given on the command line
+    first, then the recipe and the baselines, then the cases that cannot run here.
+    """
     if opts.skip_compile and opts.accuracy == "none" and not opts.latency_against:
         raise ValueError("nothing to check: --skip-compile with --accuracy none and no --latency-against")
     if opts.skip_compile and opts.write_baseline:
         raise ValueError("--write-baseline writes compile counts; it cannot go with --skip-compile")
-    cases, base = compile_inputs(opts) if not opts.skip_compile else ([], {})
-    if opts.accuracy != "none" and not opts.write_baseline:
-        get_recipe(opts.accuracy)  # ValueError for an unknown recipe
-        load_baseline(default_baseline_path(opts.accuracy), opts.accuracy)  # BaselineError is a ValueError
-        if opts.checkpoint is not None and not Path(opts.checkpoint).exists():
-            raise ValueError(f"--checkpoint {opts.checkpoint}: no such file or folder")
+    problems: list[str] = []
+    accuracy = opts.accuracy != "none" and not opts.write_baseline
+    if accuracy and opts.checkpoint is not None and not Path(opts.checkpoint).exists():
+        problems.append(f"--checkpoint {opts.checkpoint}: no such file or folder")
     if opts.latency_against and not is_code(opts.latency_against):
-        raise ValueError(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
+        problems.append(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
+    if accuracy:
+        try:
+            get_recipe(opts.accuracy)  # ValueError for an unknown recipe
+            load_baseline(default_baseline_path(opts.accuracy), opts.accuracy)  # BaselineError is a ValueError
+        except ValueError as e:
+            problems.append(str(e))
+    cases: list[Case] = []
+    base: dict[str, Any] = {}
+    if not opts.skip_compile:
+        try:
+            cases, base = compile_inputs(opts)
+        except ValueError as e:
+            problems.append(str(e))
+    if len(problems) > 1:
+        raise ValueError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    if problems:
+        raise ValueError(problems[0])
     return cases, base
 
 
