@@ -1,5 +1,6 @@
 # Two entry points, each doing its own set-up on a fresh Linux machine with Python 3.11:
-#   make bench   the main job on the embedded default (generated images, tiny preset, CPU and XLA:CPU)
+#   make bench   the main job on the embedded default (generated images, tiny preset, CPU and XLA:CPU):
+#                a stream of varied sizes and a fixed size, in one report (out/bench/index.html)
 #   make test    what CI runs: the unit tests, the quick benchmarks (checked to have run), the gate
 PYTHON ?= python3.11
 VENV := .venv
@@ -19,8 +20,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# Every row over the default stream (8 sizes by a rule of the seed: mrcnn_bench.cases.stream_sizes),
+# 16 rounds = each image timed twice; then a few rows on one fixed size; one report over both.
+BENCH_FIXED_CASES := torchvision/eager,torchvision/inductor,static/eager,static/inductor
 bench: $(STAMP)
-	$(VENV)/bin/mrcnn-bench run --out out/bench
+	$(VENV)/bin/mrcnn-bench run --out out/bench --name stream_tiny --rounds 16
+	$(VENV)/bin/mrcnn-bench run --out out/bench --name fixed_tiny --image-size 240x320 --cases $(BENCH_FIXED_CASES)
+	$(VENV)/bin/mrcnn-bench report out/bench/stream_tiny.json out/bench/fixed_tiny.json --out out/bench
 
 test: unit bench-quick gate
 

@@ -21,7 +21,7 @@ from mrcnn import cli as mrcnn_cli
 from mrcnn import exits, progress
 from mrcnn.engine.hooks import ProgressBar
 from mrcnn_bench import cli, defaults
-from mrcnn_bench.cases import CASES
+from mrcnn_bench.cases import CASES, STREAM_IMAGES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,7 +68,11 @@ def test_help_defaults_are_the_commands_constants(capsys):
     assert (compare.rounds, compare.threshold, compare.alpha) == (
         defaults.COMPARE_ROUNDS, defaults.THRESHOLD, defaults.ALPHA)
     run = parsers["run"].parse_args([])
-    assert (run.rounds, run.warmup, run.images) == (defaults.RUN_ROUNDS, defaults.RUN_WARMUP, defaults.RUN_IMAGES)
+    assert (run.rounds, run.warmup) == (defaults.RUN_ROUNDS, defaults.RUN_WARMUP)
+    # --images: the default stream's length, or a fixed size's count (cli.run_workload)
+    assert cli.run_workload(run).images == STREAM_IMAGES
+    fixed = parsers["run"].parse_args(["--image-size", "240x320"])
+    assert cli.run_workload(fixed).images == defaults.RUN_IMAGES
     gate = parsers["gate"].parse_args([])
     assert (gate.latency_rounds, gate.latency_cases) == (defaults.COMPARE_ROUNDS, defaults.COMPARE_CASES)
     assert parsers["report"].parse_args(["x"]).out == defaults.REPORT_OUT

@@ -4,6 +4,7 @@ explains itself."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from scipy.stats import gmean
 
 from mrcnn_bench import report
-from mrcnn_bench.cases import Workload
+from mrcnn_bench.cases import Workload, stream_workload
 from mrcnn_bench.records import Record, RunDocument, RunInfo
 
 
@@ -84,3 +85,65 @@ def test_every_ratio_against_torchvision_carries_its_interval():
     assert "met (0.600x, 95% CI [0.6, 0.6])" in table.loc["static/inductor", "target"]
     assert table.loc["static/eager", "ratio_ci95"] == "" and table.loc["torchvision/eager", "ratio_ci95"] == ""
     assert "95% CI" not in table.loc["static/xla", "target"]  # its goal is against static/eager
+
+
+def run_doc(name: str, workload: Workload, records: list[Record]) -> RunDocument:
+    env = {k: "?" for k in ("torch", "torchvision", "torch_xla", "cpu", "gpu", "threads", "seed", "commit", "date",
+                            "affinity")}
+    info = RunInfo(workload=workload, options={"rounds": 12, "warmup": 1}, weights="synthetic", limit_s=120.0,
+                   total_s=100.0)
+    for r in records:
+        r.env = {"host": "box", "commit": "abc"}
+    return RunDocument(name=name, records=records, run=info, environment=env)
+
+
+def test_first_pass_is_one_cold_pass_over_the_distinct_images():
+    stream = stream_workload("tiny", seed=0)  # 8 images
+    r = rec("static/inductor", [0.1] * 4, warmup_s=[30.0] + [20.0] * 7)
+    assert report.first_pass(r, stream) == pytest.approx(170.0)
+    assert report.first_pass(r, dataclasses.replace(stream, batch_size=2)) == pytest.approx(30.0 + 3 * 20.0)
+    warm = rec("static/eager", [0.1] * 4, warmup_s=[1.0, 0.5, 0.5, 0.5, 0.5])  # --warmup 5 over 3 images
+    assert report.first_pass(warm, Workload()) == pytest.approx(2.0)
+    train = rec("static/train", [0.4] * 4, warmup_s=[9.0, 0.5], phase="training")
+    assert report.first_pass(train, stream) == 9.0
+    assert math.isnan(report.first_pass(rec("static/eager", [0.1] * 4), stream))  # an old run file: not recorded
+    table = report.table_frame([rec("torchvision/eager", [0.1] * 4, warmup_s=[0.2] * 8), r], stream).set_index("row")
+    assert table.loc["static/inductor", "first_pass_s"] == pytest.approx(170.0)
+    assert list(table.columns).index("first_pass_s") == list(table.columns).index("first_result_s") + 1
+
+
+def test_report_labels_stream_and_fixed_runs_and_shows_the_cold_pass(tmp_path):
+    from mrcnn_bench import dashboard, store
+
+    stream = run_doc("stream_tiny", stream_workload("tiny", seed=0),
+                     [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 8),
+                      rec("static/inductor", [0.08] * 12, warmup_s=[40.0] + [30.0] * 7)])
+    fixed = run_doc("fixed_tiny", Workload("tiny", (240, 320), 1, 3),
+                    [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 3),
+                     rec("static/inductor", [0.08] * 12)])  # a record from before warm-up calls were kept
+    files = []
+    for doc in (stream, fixed):
+        files.append(str(store.save(doc, tmp_path / f"{doc.name}.json")))
+    dashboard.build(files, tmp_path / "out")
+    index = (tmp_path / "out" / "index.html").read_text()
+    assert "stream_tiny: stream of 8 sizes [box, abc]" in index and "fixed_tiny: fixed 240x320 [box, abc]" in index
+    assert "One cold pass over each run&#x27;s images" in index or "One cold pass over each run's images" in index
+    assert "250 s" in index  # static/inductor's cold pass over the stream: 40 + 7 x 30
+    page = (tmp_path / "out" / "stream_tiny.html").read_text()
+    assert "stream of 8 sizes (472x472, 406x507" in page and "cold pass s" in page
+    md = report.markdown(stream)
+    assert md.startswith("Workload: tiny stream of 8 sizes (")
+    assert "first_pass_s (cold pass s): one cold pass over the run's distinct images" in md
+    for column in report.TABLE_COLUMNS:  # every column is explained under the table
+        assert f"- {column}" in md
+    fixed_md = report.markdown(fixed)
+    assert "images: fixed 240x320, 3 generated textured image(s)" in fixed_md
+    row = report.shown_frame(fixed).set_index("row").loc["static/inductor"]
+    assert row["first_pass_s"] == ""  # NaN shown blank
+
+
+def test_the_html_table_uses_short_headers_that_wrap():
+    doc = run_doc("t", Workload(), [rec("torchvision/eager", [0.1] * 12)])
+    page = report.html_page(doc)
+    assert "<th" in page and "cold pass s" in page and "first_pass_s</code> in the CSV" in page
+    assert "white-space:normal" in page and "min-width" in page

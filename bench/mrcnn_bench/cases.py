@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import random
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -105,30 +106,87 @@ class Case:
 
 @dataclass(frozen=True)
 class Workload:
-    """What the cases of one run share: preset, image size, how many images a call takes."""
+    """What the cases of one run share: preset, image sizes, how many images a call takes.
+
+    Fixed (``sizes`` empty): ``images`` generated textured images of one ``image_size``. A stream
+    (``sizes`` given): one synthetic-data-set image per size, in that order (varied sizes, aspect ratios
+    and object counts, as real streams are; :func:`stream_sizes` is the default's rule); ``images`` is
+    then ``len(sizes)``. Training steps take ``image_size`` either way.
+    """
 
     preset: str = "tiny"
     image_size: tuple[int, int] = (240, 320)  # fits a canvas of the tiny preset exactly (no extra padding)
     batch_size: int = 1  # images per inference call; training steps use TRAIN_BATCH
-    images: int = 3  # distinct generated images, cycled over the rounds
+    images: int = 3  # distinct images, cycled over the rounds (a stream: its length)
+    sizes: tuple[tuple[int, int], ...] = ()  # a stream's image sizes (height, width); (): fixed image_size
 
     def __post_init__(self) -> None:
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
             raise ValueError(f"image_size must be (height, width) > 0, got {self.image_size}")
+        sizes = tuple((int(h), int(w)) for h, w in self.sizes)  # hashable however given (a run file has lists)
+        if any(min(s) <= 0 for s in sizes):
+            raise ValueError(f"sizes must be (height, width) > 0, got {self.sizes}")
+        object.__setattr__(self, "sizes", sizes)
+        if sizes:
+            object.__setattr__(self, "images", len(sizes))
         if self.batch_size < 1 or self.images < 1:
             raise ValueError("batch_size and images must be >= 1")
 
     @property
+    def sizes_label(self) -> str:
+        """``fixed 240x320`` or ``stream of 8 sizes (480x640, ...)``: which kind of workload this is."""
+        if not self.sizes:
+            h, w = self.image_size
+            return f"fixed {h}x{w}"
+        return f"stream of {len(self.sizes)} sizes ({', '.join(f'{h}x{w}' for h, w in self.sizes)})"
+
+    @property
+    def kind(self) -> str:
+        """``fixed 240x320`` or ``stream of 8 sizes``: :attr:`sizes_label` without the list."""
+        return self.sizes_label.split(" (")[0]
+
+    @property
     def label(self) -> str:
-        h, w = self.image_size
-        return f"{self.preset} {h}x{w} b{self.batch_size}"
+        return f"{self.preset} {self.sizes_label} b{self.batch_size}"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.sizes:  # added later: a fixed workload writes the keys run files always had
+            del out["sizes"]
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Workload:
-        return cls(d["preset"], tuple(d["image_size"]), d["batch_size"], d["images"])
+        return cls(d["preset"], tuple(d["image_size"]), d["batch_size"], d["images"],
+                   tuple(tuple(s) for s in d.get("sizes", ())))
+
+
+# The default stream (mrcnn-bench run): common photo aspect ratios, width:height, landscape and
+# portrait, as COCO's images have them; at the tiny preset they resize onto all five canvases.
+STREAM_ASPECTS: tuple[tuple[int, int], ...] = ((4, 3), (3, 4), (16, 9), (1, 1), (3, 2), (2, 3), (9, 16), (5, 4))
+STREAM_LONG_SIDE = (320, 640)  # px, inclusive: COCO's images are at most 640 px a side
+STREAM_IMAGES = len(STREAM_ASPECTS)
+
+
+def stream_sizes(seed: int = 0, count: int = STREAM_IMAGES) -> tuple[tuple[int, int], ...]:
+    """The default stream's (height, width) sizes, a rule of the seed and nothing else.
+
+    Every block of ``len(STREAM_ASPECTS)`` images takes each aspect ratio of :data:`STREAM_ASPECTS`
+    once, in an order shuffled by the seed; each image's long side is drawn uniformly from
+    :data:`STREAM_LONG_SIDE` and its short side is the long side over the aspect ratio, rounded. Only
+    ``random.Random(seed).random()`` is drawn, whose sequence Python keeps across versions.
+    """
+    if count < 1:
+        raise ValueError(f"a stream needs at least one image, got {count}")
+    rng = random.Random(seed)
+    lo, hi = STREAM_LONG_SIDE
+    out: list[tuple[int, int]] = []
+    while len(out) < count:
+        for w, h in sorted(STREAM_ASPECTS, key=lambda _: rng.random()):
+            long_side = lo + int(rng.random() * (hi - lo + 1))
+            short_side = round(long_side * min(w, h) / max(w, h))
+            out.append((short_side, long_side) if w >= h else (long_side, short_side))
+    return tuple(out[:count])
 
 
 @dataclass(frozen=True)
@@ -231,6 +289,13 @@ def default_workload(preset: str, image_size: tuple[int, int] | None = None, bat
     """The workload of ``preset`` (its default image size unless ``image_size`` is given)."""
     default = DEFAULT_WORKLOADS.get(preset, Workload(preset))
     return Workload(preset, image_size or default.image_size, batch_size, images)
+
+
+def stream_workload(preset: str, sizes: tuple[tuple[int, int], ...] | None = None, batch_size: int = 1,
+                    seed: int = 0, images: int = STREAM_IMAGES) -> Workload:
+    """A stream on ``preset``: ``sizes``, or the default rule's first ``images`` (:func:`stream_sizes`)."""
+    default = DEFAULT_WORKLOADS.get(preset, Workload(preset))
+    return Workload(preset, default.image_size, batch_size, sizes=sizes or stream_sizes(seed, images))
 
 
 def default_time_limit(preset: str) -> float:

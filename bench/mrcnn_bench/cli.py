@@ -47,10 +47,15 @@ try:  # the first import of mrcnn_bench.cases loads the user's case modules ($MR
     from mrcnn_bench.cases import (
         DEFAULT_TIME_LIMIT,
         DEFAULT_WORKLOADS,
+        STREAM_ASPECTS,
+        STREAM_IMAGES,
+        STREAM_LONG_SIDE,
         Row,
+        Workload,
         default_time_limit,
         default_workload,
         parse_cases,
+        stream_workload,
     )
 except ValueError as e:  # mrcnn_bench.cases.UserCasesError: one line naming the module and its error
     USER_CASES_ERROR = e
@@ -79,6 +84,20 @@ def parse_size(text: str) -> tuple[int, int]:
     if h <= 0 or w <= 0:
         raise argparse.ArgumentTypeError(f"image size {text!r} must be positive")
     return h, w
+
+
+def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """'480x640,640x480' -> ((480, 640), (640, 480)): a stream's image sizes, in order."""
+    items = [item.strip() for item in text.split(",")]
+    if not any(items) or not all(items):
+        raise argparse.ArgumentTypeError(f"sizes {text!r} is not a comma list of HxW (e.g. 480x640,640x480)")
+    return tuple(parse_size(item) for item in items)
+
+
+def _stream_rule() -> str:
+    aspects = ", ".join(f"{w}:{h}" for w, h in STREAM_ASPECTS)
+    return (f"{STREAM_IMAGES} sizes by a rule of --seed: each aspect ratio of {aspects} (width:height) once, "
+            f"in an order the seed shuffles, the long side drawn from {STREAM_LONG_SIDE[0]}..{STREAM_LONG_SIDE[1]} px")
 
 
 def parse_cpus(text: str) -> tuple[int, ...]:
@@ -115,10 +134,15 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
                    help=f"comma list of cases, or all / quick / inference / training (default: {cases}; "
                         "`mrcnn-bench list` shows them)")
     p.add_argument("--image-size", type=parse_size, default=None, metavar="HxW",
-                   help=f"image size (default: the preset's, one that fits a canvas exactly: {_sizes()})")
+                   help="one fixed image size: --images generated textured images of it (compare's default: the "
+                        f"preset's, one that fits a canvas exactly: {_sizes()})")
+    p.add_argument("--sizes", type=parse_sizes, default=None, metavar="HxW,HxW,...",
+                   help="a stream: one synthetic image (varied objects) per size, resized to it, in this order "
+                        f"(run's default: a stream of {_stream_rule()})")
     p.add_argument("--batch-size", type=int, default=1, help="images per inference call (default: %(default)s)")
-    p.add_argument("--images", type=int, default=defaults.RUN_IMAGES,
-                   help="distinct generated images (default: %(default)s)")
+    p.add_argument("--images", type=int, default=None,
+                   help=f"distinct images: of a fixed --image-size (default: {defaults.RUN_IMAGES}), or of run's "
+                        f"default stream, its first N sizes (default: {STREAM_IMAGES})")
     p.add_argument("--rounds", type=int, default=rounds, help="interleaved timed rounds (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=defaults.RUN_WARMUP,
                    help="untimed calls per row, at least one per distinct input; the first is time to first "
@@ -157,7 +181,7 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> RunO
     """Validated :class:`~mrcnn_bench.runner.RunOptions`; ValueError with a message for the user."""
     from mrcnn_bench import runner  # lazy, as every command's own modules: they load torch (fast --help)
 
-    if args.rounds < 0 or args.warmup < 1 or args.images < 1 or args.batch_size < 1 or args.eval_images < 0:
+    if args.rounds < 0 or args.warmup < 1 or (args.images or 1) < 1 or args.batch_size < 1 or args.eval_images < 0:
         raise ValueError("--rounds and --eval must be >= 0, and --warmup, --images and --batch-size >= 1")
     if args.threads is not None and args.threads < 1:
         raise ValueError("--threads must be >= 1")
@@ -170,7 +194,7 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> RunO
     overrides = dict(args.overrides)
     get_config(args.preset, **overrides)  # unknown preset or field -> ValueError
     return runner.RunOptions(
-        workload=default_workload(args.preset, args.image_size, args.batch_size, args.images),
+        workload=run_workload(args),
         rows=rows if rows is not None else [Row(c) for c in parse_cases(args.cases)],
         rounds=args.rounds,
         warmup=args.warmup,
@@ -191,6 +215,20 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> RunO
         eval_root=args.eval_root or args.coco_root,
         eval_split=args.eval_split or ("val" if args.eval_root else args.coco_split),
     )
+
+
+def run_workload(args: argparse.Namespace) -> Workload:
+    """--sizes (a stream), --image-size (one fixed size), or the command's default: ``args.stream`` (run's
+    default: the rule's stream; compare's: the preset's fixed size; with --coco-root, its own images)."""
+    if args.sizes and args.image_size:
+        raise ValueError("give --sizes (a stream) or --image-size (one fixed size), not both")
+    if args.sizes and args.coco_root:
+        raise ValueError("--sizes resizes generated images; --coco-root times its own images at their own sizes")
+    if args.sizes and args.images is not None and args.images != len(args.sizes):
+        raise ValueError(f"--images {args.images} with {len(args.sizes)} --sizes: a stream has one image per size")
+    if args.sizes or (getattr(args, "stream", False) and args.image_size is None and args.coco_root is None):
+        return stream_workload(args.preset, args.sizes, args.batch_size, args.seed, args.images or STREAM_IMAGES)
+    return default_workload(args.preset, args.image_size, args.batch_size, args.images or defaults.RUN_IMAGES)
 
 
 def compare_options(args: argparse.Namespace) -> CompareOptions:
@@ -393,7 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run of the same --out, --name and options: every row is set "
                         "up and warmed up again, then the remaining rounds are timed")
-    p.set_defaults(func=cmd_run)
+    p.set_defaults(func=cmd_run, stream=True)  # run's default workload: a stream (run_workload)
 
     about = (f"B against A, flagged when slower by more than the threshold: {defaults.TEST}, Holm-corrected "
              "over the cases")

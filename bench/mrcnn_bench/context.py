@@ -70,11 +70,12 @@ def make_context(opts: ContextOptions) -> tuple[Context, str]:
     """Images, weights and training samples for a run; returns (context, description of the weights)."""
     workload, seed = opts.workload, opts.seed
     cfg = get_config(workload.preset, **opts.overrides)
-    sizes = (workload.image_size,) * workload.images
     if opts.coco_root:
         images = coco_images(opts.coco_root, workload.images, opts.coco_split)
+    elif workload.sizes:
+        images = [image for image, _ in stream_images(workload.sizes, seed)]
     else:
-        images = textured_images(sizes, seed)
+        images = textured_images((workload.image_size,) * workload.images, seed)
     if opts.weights:
         state, desc = load_weights_file(opts.weights), f"file {opts.weights}"
     else:
@@ -106,6 +107,22 @@ def training_samples(size: tuple[int, int], count: int, seed: int) -> list[Sampl
         scale = torch.tensor([w / sw, h / sh, w / sw, h / sh])
         out.append((image.round().clamp(0, 255).to(torch.uint8),
                     {**target, "masks": masks, "boxes": target["boxes"] * scale}))
+    return out
+
+
+def stream_images(sizes: tuple[tuple[int, int], ...], seed: int) -> list[tuple[Tensor, int]]:
+    """A stream's images: synthetic-data-set image ``i`` (seed ``seed``; :mod:`mrcnn.data.synthetic`) resized
+    to ``sizes[i]`` (bilinear, antialiased, 8-bit levels as a decoded photo), as [3, h, w] floats in
+    [0, 1], each with its number of objects (the generator's schedule: 0 for image 1, 20 or more for
+    image 6, 1 to 12 otherwise)."""
+    with tempfile.TemporaryDirectory(prefix="mrcnn_bench_stream_") as tmp:
+        generate(tmp, len(sizes), seed=seed, split="stream", progress=False)
+        dataset = CocoDataset(tmp, "stream")
+        samples = [dataset[i] for i in range(len(sizes))]
+    out = []
+    for (image, target), size in zip(samples, sizes, strict=True):
+        resized = F.interpolate(image[None].float(), size=size, mode="bilinear", align_corners=False, antialias=True)[0]
+        out.append((resized.round().clamp(0, 255) / 255, len(target["labels"])))
     return out
 
 

@@ -3,10 +3,13 @@
 The table is one line per row: latency (the number ``n`` of timed calls, median, IQR, the 90th and
 99th percentiles, ratio to torchvision eager; none of them from fewer than ``MIN_SAMPLES`` calls,
 and a percentile only from enough calls to reach it: :data:`TAIL_MIN_SAMPLES`), time to first
-result and compile time, compile counts and graph breaks, training throughput, GFLOP/s as a
+result, one cold pass over the run's images (:func:`first_pass`) and compile time, compile counts
+and graph breaks, training throughput, GFLOP/s as a
 fraction of the machine's peak, peak memory, parity with torchvision, and the project's speed goal for
-that row with its verdict. Under it, a summary by backend and compiler: the geometric mean of the
-rows' ratios to torchvision eager (:func:`geomean_frame`), as TorchInductor's dashboard summarises.
+that row with its verdict; :data:`COLUMNS` explains each column, under the table. Under it, a summary
+by backend and compiler: the geometric mean of the rows' ratios to torchvision eager
+(:func:`geomean_frame`), as TorchInductor's dashboard summarises. The HTML page shows the table with
+short headers (:data:`COLUMNS`), so that every column fits a 1400 px window.
 """
 
 from __future__ import annotations
@@ -22,15 +25,51 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
-from mrcnn_bench.records import Record, RunDocument
+from mrcnn_bench.cases import (
+    PARITY_MIN_MASK_IOU,
+    PARITY_MIN_MATCHED,
+    REFERENCE,
+    SPEED_TARGETS,
+    TRAIN_REFERENCE,
+    Workload,
+)
+from mrcnn_bench.records import Record, RunDocument, RunInfo
 from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
 
-TABLE_COLUMNS = [
-    "row", "status", "n", "median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "ratio_ci95", "images_per_s",
-    "first_result_s",
-    "compile_s", "compiles", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap", "parity", "target",
-]
+# Every column of the table: (the HTML page's short header, what it means). The notes list them all.
+COLUMNS: dict[str, tuple[str, str]] = {
+    "row": ("row", "the case: implementation/backend-compiler-precision (train: a training step), and its variant"),
+    "status": ("status", "ok; skipped (backend absent here); timeout (a bounded row past its time limit: "
+                         "'> limit' with the counts it reached); error"),
+    "n": ("n", "timed calls (one per round) behind the statistics; fewer than 3: no median"),
+    "median_s": ("median s", "steady state: median seconds per call over the rounds, after the warm-up (inference: "
+                             "images in, detections out, resize and mask paste included; training: one SGD step)"),
+    "iqr_s": ("IQR s", "interquartile range of those calls"),
+    "p90_s": ("p90 s", "90th percentile of those calls, from 10 calls or more"),
+    "p99_s": ("p99 s", "99th percentile, from 100 calls or more"),
+    "ratio_vs_tv": ("x tv", "median over torchvision eager's in this run (training: over its step); lower is faster"),
+    "ratio_ci95": ("95% CI", "95% bootstrap interval of the per-round ratio to torchvision"),
+    "images_per_s": ("img/s", "images per call over the median"),
+    "first_result_s": ("first call s", "the first call, compilation included"),
+    "first_pass_s": ("cold pass s", "one cold pass over the run's distinct images (the warm-up before round 1: "
+                                    "every image of a stream once), compilation for each new shape included; "
+                                    "training: the first step; blank in run files from before it was recorded"),
+    "compile_s": ("compile s", "compile time the backend's own counters report during the warm-up"),
+    "compiles": ("compiles", "XLA compilations and fallback ops; dynamo graphs, graph breaks and recompiles; "
+                             "'+n in rounds': what compiled after the warm-up (0 for a static graph)"),
+    "gflops_s": ("GFLOP/s", "FLOPs of one eager call over the median"),
+    "frac_peak": ("of peak", "GFLOP/s as a fraction of the machine's ceiling (below)"),
+    "peak_mem_gb": ("mem GB", "peak memory during the row's calls (CPU: resident set; CUDA: allocated)"),
+    "box_ap": ("box AP", "COCO box AP with --eval (pycocotools)"),
+    "mask_ap": ("mask AP", "COCO mask AP with --eval"),
+    "parity": ("parity", "detections matched with torchvision eager's on the same images, both ways, and the mean "
+                         "mask IoU"),
+    "target": ("target", "the project's speed goal for the row and whether this run met it (below)"),
+}
+TABLE_COLUMNS = list(COLUMNS)
+# HTML: text columns that wrap within a width, so that the table fits 1400 px.
+_WRAPPED = {"status": "7em", "median_s": "4em", "ratio_ci95": "5em", "compiles": "8em",
+            "parity": "7em", "target": "9.5em"}
 
 
 def as_number(x: Any) -> float:
@@ -59,6 +98,21 @@ def too_few(rec: Record) -> str:
     """'n=1: too few samples' for a row timed fewer than :data:`MIN_SAMPLES` times but at least once, else ''."""
     n = len(rec.times_s)
     return f"n={n}: too few samples" if 0 < n < MIN_SAMPLES else ""
+
+
+def first_pass(rec: Record, workload: Workload | None = None) -> float:
+    """Seconds of one cold pass over the run's distinct inputs, compilation included: the sum of the
+    warm-up calls that go once over every distinct image (``workload.images / gcd(batch, images)``
+    calls; a training row: its first step); the record's ``first_pass_s`` without ``workload``; NaN for
+    run files from before warm-up calls were recorded."""
+    warm = getattr(rec, "warmup_s", None) or []
+    if not warm:
+        return as_number(getattr(rec, "first_pass_s", math.nan))
+    if workload is None:
+        recorded = as_number(getattr(rec, "first_pass_s", math.nan))
+        return recorded if recorded == recorded else math.fsum(warm)
+    calls = 1 if rec.phase == "training" else workload.images // math.gcd(workload.batch_size, workload.images)
+    return math.fsum(warm[:calls])
 
 
 def compiles_text(rec: Record) -> str:
@@ -117,8 +171,9 @@ def target_verdict(rec: Record, medians: dict[str, float], interval: str = "") -
     return text
 
 
-def table_frame(records: list[Record]) -> pd.DataFrame:
-    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
+def table_frame(records: list[Record], workload: Workload | None = None) -> pd.DataFrame:
+    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`;
+    ``workload``: the run's (for :func:`first_pass`)."""
     medians = {r.case: median(r) for r in records}
     by_case = {r.case: r for r in records}
     rows = []
@@ -143,6 +198,7 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "ratio_ci95": interval,
             "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
+            "first_pass_s": first_pass(r, workload),
             "compile_s": as_number(r.compile_s),
             "compiles": compiles_text(r),
             "gflops_s": as_number(r.gflops_s) * measured,
@@ -197,9 +253,9 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
-    df = table_frame(doc.records).astype(object)
-    for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "compile_s",
-                "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
+    df = table_frame(doc.records, doc.run.workload).astype(object)
+    for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "first_pass_s",
+                "compile_s", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
     limit = doc.run.limit_s
     for i, r in enumerate(doc.records):
@@ -277,9 +333,9 @@ def notes(doc: RunDocument) -> list[str]:
         out.append(f"Resumed: rounds 1-{run.resumed_from_round} come from the interrupted run's journal; every "
                    f"row was set up and warmed up again before round {run.resumed_from_round + 1}.")
     out.append(
-        f"Workload: preset {preset}, images {w.image_size[0]}x{w.image_size[1]}, "
-        f"{w.batch_size} per inference call; weights {run.weights}; rounds {options['rounds']} "
-        f"(warm-up {options['warmup']}); time limit of bounded rows {run.limit_s:g} s; "
+        f"Workload: preset {preset}, images: {images_text(run)}, {w.batch_size} per inference call; weights "
+        f"{run.weights}; rounds {options['rounds']} (warm-up: once over every distinct image before round 1, at "
+        f"least {options['warmup']} call(s)); time limit of bounded rows {run.limit_s:g} s; "
         f"whole run {run.total_s:.0f} s."
     )
     out.append(
@@ -288,6 +344,31 @@ def notes(doc: RunDocument) -> list[str]:
         f"commit {env['commit']}{' (dirty)' if env.get('dirty') else ''}, {env['date']}."
     )
     return out
+
+
+def images_text(run: RunInfo) -> str:
+    """What the run's images were: a stream of sizes, one fixed size, or a COCO-layout split's own."""
+    w, options = run.workload, run.options
+    if options.get("coco_root"):
+        return (f"the first {w.images} of {options['coco_root']} ({options.get('coco_split', 'val2017')}) at "
+                f"their own sizes")
+    h, wd = w.image_size
+    if w.sizes:
+        return (f"a {w.sizes_label}, one image of the synthetic data set (mrcnn.data.synthetic: 0 to 28 shaped "
+                f"objects) resized to each, in this order; training steps at {h}x{wd}")
+    return f"{w.sizes_label}, {w.images} generated textured image(s)"
+
+
+def workload_kind(run: RunInfo) -> str:
+    """``stream of 8 sizes``, ``fixed 240x320``, or ``own sizes of ROOT (SPLIT)`` for a COCO-layout root's images."""
+    root = run.options.get("coco_root")
+    return f"own sizes of {root} ({run.options.get('coco_split', 'val2017')})" if root else run.workload.kind
+
+
+def column_notes() -> list[str]:
+    """One line per column of the table: its name (the HTML page's header) and what it means."""
+    return [f"{name}" + (f" ({short})" if short != name else "") + f": {meaning}"
+            for name, (short, meaning) in COLUMNS.items()]
 
 
 def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
@@ -304,7 +385,8 @@ def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
 
 def markdown(doc: RunDocument) -> str:
     """The table, the notes under it, the stage timings and dynamo's reasons, as markdown."""
-    parts = [shown_frame(doc).to_markdown(index=False), "", *notes(doc)]
+    parts = [f"Workload: {doc.run.workload.label}.", "", shown_frame(doc).to_markdown(index=False), "", *notes(doc),
+             "", "Columns:", "", *(f"- {line}" for line in column_notes())]
     summary = geomean_frame([doc.records])
     if len(summary):
         parts += ["", GEOMEAN_TITLE.replace("``", "`") + ":", "", summary.to_markdown(index=False, floatfmt=".3f")]
@@ -343,8 +425,16 @@ def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
             return "background-color: #e3f6e3"
         return ""
 
+    df = df.rename(columns={name: short for name, (short, _) in COLUMNS.items()})
     styled = df.style.map(colour, subset=["status", "target"]).hide(axis="index")
+    wrap = "white-space:normal;overflow-wrap:anywhere"
+    wrapped = {COLUMNS[c][0]: [{"selector": "td", "props": f"min-width:{width};{wrap}"}]
+               for c, width in _WRAPPED.items()}
+    styled = styled.set_table_styles(wrapped, overwrite=False)
     table = styled.set_table_attributes('class="results"').to_html()
+    legend = "".join(f"<dt>{html.escape(short)}</dt><dd>{html.escape(meaning)}"
+                     + (f" (<code>{name}</code> in the CSV)" if short != name else "") + "</dd>"
+                     for name, (short, meaning) in COLUMNS.items())
     imgs = "".join(f'<figure><img src="{p.name}" alt="{html.escape(p.stem)}"></figure>' for p in plots or [])
     reasons = _reasons_md(doc)
     reasons_html = f"<h2>Graph breaks and recompiles</h2><pre>{html.escape(reasons)}</pre>" if reasons else ""
@@ -357,13 +447,19 @@ def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
     if stages is not None:
         notes_html += "<h2>Where the time goes</h2>" + stages.to_html(index=False, float_format="%.3f")
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(doc.name)}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1600px}}
-table.results{{border-collapse:collapse;font-size:13px}} table.results td,table.results th{{border:1px solid #ccc;
-padding:3px 6px}} th{{background:#f0f0f0}} .scroll{{overflow-x:auto;max-width:100%}}
+<style>body{{font-family:system-ui,sans-serif;margin:1.5em;max-width:1600px}}
+table.results{{border-collapse:collapse;font-size:12px}} table.results td,table.results th{{border:1px solid #ccc;
+padding:2px 3px;vertical-align:top}} table.results td{{white-space:nowrap}}
+table.results td:first-child{{white-space:normal;min-width:9em}} pre{{white-space:pre-wrap}} th{{background:#f0f0f0}}
+.scroll{{overflow-x:auto;max-width:100%}} p.workload{{font-size:15px}}
 table.results td:first-child,table.results th:first-child{{position:sticky;left:0;background:#fff;z-index:1}}
-figure{{display:inline-block;margin:0 1em}} img{{max-width:700px}}</style>
+dl.columns{{display:grid;grid-template-columns:max-content auto;gap:2px 1em;font-size:13px}}
+dl.columns dt{{font-weight:bold}} dl.columns dd{{margin:0}}
+figure{{display:inline-block;margin:0 1em 0 0;max-width:calc(50% - 1em)}} img{{max-width:100%}}</style>
 </head><body><h1>{html.escape(doc.name)}: static Mask R-CNN against torchvision</h1>
+<p class="workload"><b>Workload:</b> {html.escape(doc.run.workload.preset)}, {html.escape(images_text(doc.run))}</p>
 <div class="scroll">{table}</div>{notes_html}
+<h2>Columns</h2><dl class="columns">{legend}</dl>
 {imgs}{reasons_html}</body></html>
 """
 
@@ -391,7 +487,15 @@ def plots(doc: RunDocument, out_dir: Path, stem: str) -> list[Path]:
                              medianprops={"color": "black"}, flierprops={"markersize": 3})
             for patch, colour in zip(box["boxes"], colours, strict=True):
                 patch.set_facecolor(colour)
-            ax.set_xlim(left=0)
+            # A call far out (a compilation in a round) would squash every box: the axis ends a little past
+            # the longest whisker, and the calls beyond it are named at its right edge.
+            right = 1.3 * max(max(w.get_xdata()) for w in box["whiskers"])
+            for y, r in enumerate(rows, start=1):
+                beyond = [t for t in r.times_s if t > right]
+                if beyond:
+                    ax.annotate(f"{len(beyond)} beyond: max {max(beyond):.3g} s \u2192", (right, y), ha="right",
+                                va="center", fontsize=8, xytext=(-2, 0), textcoords="offset points")
+            ax.set_xlim(0, right)
             ax.set_xlabel("seconds per call over the rounds (box: IQR, line: median, whiskers: 1.5 IQR)")
         else:
             ax.barh(names, [r.images_per_s for r in rows], color=colours)
