@@ -13,7 +13,7 @@ from scipy.stats import gmean
 
 from mrcnn_bench import report
 from mrcnn_bench.cases import Workload, stream_workload
-from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.records import Record, RunDocument, RunInfo, first_pass_seconds
 
 
 def rec(case: str, times: list[float], **fields) -> Record:
@@ -99,15 +99,16 @@ def run_doc(name: str, workload: Workload, records: list[Record]) -> RunDocument
 
 def test_first_pass_is_one_cold_pass_over_the_distinct_images():
     stream = stream_workload("tiny", seed=0)  # 8 images
-    r = rec("static/inductor", [0.1] * 4, warmup_s=[30.0] + [20.0] * 7)
-    assert report.first_pass(r, stream) == pytest.approx(170.0)
-    assert report.first_pass(r, dataclasses.replace(stream, batch_size=2)) == pytest.approx(30.0 + 3 * 20.0)
-    warm = rec("static/eager", [0.1] * 4, warmup_s=[1.0, 0.5, 0.5, 0.5, 0.5])  # --warmup 5 over 3 images
-    assert report.first_pass(warm, Workload()) == pytest.approx(2.0)
-    train = rec("static/train", [0.4] * 4, warmup_s=[9.0, 0.5], phase="training")
-    assert report.first_pass(train, stream) == 9.0
-    assert math.isnan(report.first_pass(rec("static/eager", [0.1] * 4), stream))  # an old run file: not recorded
-    table = report.table_frame([rec("torchvision/eager", [0.1] * 4, warmup_s=[0.2] * 8), r], stream).set_index("row")
+    warm = [30.0] + [20.0] * 7
+    assert first_pass_seconds(warm, "inference", stream) == pytest.approx(170.0)
+    assert first_pass_seconds(warm, "inference", dataclasses.replace(stream, batch_size=2)) == pytest.approx(90.0)
+    # --warmup 5 over 3 images: one pass is the first 3 calls
+    assert first_pass_seconds([1.0, 0.5, 0.5, 0.5, 0.5], "inference", Workload()) == pytest.approx(2.0)
+    assert first_pass_seconds([9.0, 0.5], "training", stream) == 9.0
+    assert math.isnan(first_pass_seconds([], "inference", stream))  # nothing recorded
+    r = rec("static/inductor", [0.1] * 4, warmup_s=warm, first_pass_s=170.0)
+    assert math.isnan(report.first_pass(rec("static/eager", [0.1] * 4)))  # an old run file: not recorded
+    table = report.table_frame([rec("torchvision/eager", [0.1] * 4, warmup_s=[0.2] * 8), r]).set_index("row")
     assert table.loc["static/inductor", "first_pass_s"] == pytest.approx(170.0)
     assert list(table.columns).index("first_pass_s") == list(table.columns).index("first_result_s") + 1
 
@@ -116,10 +117,10 @@ def test_report_labels_stream_and_fixed_runs_and_shows_the_cold_pass(tmp_path):
     from mrcnn_bench import dashboard, store
 
     stream = run_doc("stream_tiny", stream_workload("tiny", seed=0),
-                     [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 8),
-                      rec("static/inductor", [0.08] * 12, warmup_s=[40.0] + [30.0] * 7)])
+                     [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 8, first_pass_s=2.4),
+                      rec("static/inductor", [0.08] * 12, warmup_s=[40.0] + [30.0] * 7, first_pass_s=250.0)])
     fixed = run_doc("fixed_tiny", Workload("tiny", (240, 320), 1, 3),
-                    [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 3),
+                    [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 3, first_pass_s=0.9),
                      rec("static/inductor", [0.08] * 12)])  # a record from before warm-up calls were kept
     files = []
     for doc in (stream, fixed):

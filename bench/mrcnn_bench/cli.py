@@ -174,6 +174,9 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
                         "machine's FMA ceiling, so frac_peak is not shown)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
     p.add_argument("--profile", action="store_true", help="also time each stage of static and torchvision (eager)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the rows that allow it in this process, sharing it (default: each row in a process "
+                        "of its own, paused while the others run, so no row's figures depend on its neighbours)")
     add_progress_flag(p)
 
 
@@ -211,6 +214,7 @@ def run_options(args: argparse.Namespace, rows: list[Row] | None = None) -> RunO
         peak_reps=args.peak_reps,
         flops=not args.no_flops,
         profile=args.profile,
+        isolate=not args.in_process,
         eval_images=args.eval_images,
         eval_root=args.eval_root or args.coco_root,
         eval_split=args.eval_split or ("val" if args.eval_root else args.coco_split),

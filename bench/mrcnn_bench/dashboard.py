@@ -40,7 +40,7 @@ def merged_frame(runs: list[RunDocument], value: str = "median") -> pd.DataFrame
             groups.setdefault((doc.name, rec.preset), []).append(rec)
     cells = []
     for (run, preset), group in groups.items():
-        table = report.table_frame(group, docs[run].run.workload).set_index("row")
+        table = report.table_frame(group).set_index("row")
         for rec in group:
             line = table.loc[rec.row]
             if value == "first_pass":

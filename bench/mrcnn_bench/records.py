@@ -75,7 +75,7 @@ class Record:
     precision: Precision = "fp32"
     phase: Phase = "inference"
     preset: str = ""
-    image_size: str = ""  # "HxW"
+    image_size: str = ""  # "HxW"; "stream HxW,HxW,..." for the inference rows of a stream
     batch_size: int = 1  # images per call (TRAIN_BATCH for training rows)
     status: Status = "pending"
     detail: str = ""
@@ -174,7 +174,8 @@ class RunInfo:
         unknown = [k for k in d if k not in names]
         if unknown:
             raise ValueError(f"not a run's information: unknown key(s) {unknown}")
-        values = dict(d)
+        floats = {f.name for f in dataclasses.fields(cls) if f.type == "float"}
+        values = {k: (NAN if v is None and k in floats else v) for k, v in d.items()}  # null: NaN, as written
         if "workload" in d:
             values["workload"] = Workload.from_dict(d["workload"])
         return cls(**values)
@@ -250,7 +251,7 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
         row=r.row.name, case=case.name, variant=r.row.variant.label, variant_code=r.row.variant.code,
         variant_overrides=variant_overrides(r.row), impl=case.impl, backend=case.backend, compiler=case.compiler,
         precision=case.precision, phase=case.phase, preset=workload.preset,
-        image_size="x".join(map(str, workload.image_size)), batch_size=images_per_call, status=status,
+        image_size=image_size_text(case.phase, workload), batch_size=images_per_call, status=status,
         detail=r.detail, median_s=med, iqr_s=iqr, times_s=list(r.times),
         images_per_s=images_per_call / med if measured else NAN,
         latency_per_image_s=med / images_per_call if measured else NAN,
@@ -273,8 +274,28 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
         final_loss=r.losses[-1] if r.losses else NAN,
         box_ap=r.accuracy.get("box_ap", NAN), mask_ap=r.accuracy.get("mask_ap", NAN),
         eval_images=r.accuracy.get("eval_images", 0),
-        warmup_s=list(r.warmup_s), first_pass_s=math.fsum(r.warmup_s) if r.warmup_s else NAN, env=env,
+        warmup_s=list(r.warmup_s), first_pass_s=first_pass_seconds(r.warmup_s, case.phase, workload), env=env,
     )
+
+
+def image_size_text(phase: Phase, workload: Workload) -> str:
+    """``HxW``, or for the inference rows of a stream ``stream HxW,HxW,...``: what a row was timed on
+    (training steps take ``workload.image_size`` either way)."""
+    if workload.sizes and phase == "inference":
+        return "stream " + ",".join(f"{h}x{w}" for h, w in workload.sizes)
+    return "x".join(map(str, workload.image_size))
+
+
+def one_pass_calls(phase: Phase, workload: Workload) -> int:
+    """Calls that go once over every distinct input: a training step, or images / gcd(batch, images)
+    inference calls (call ``i`` takes images ``i*b .. i*b+b-1`` modulo the run's images)."""
+    return 1 if phase == "training" else workload.images // math.gcd(workload.batch_size, workload.images)
+
+
+def first_pass_seconds(warmup_s: list[float], phase: Phase, workload: Workload) -> float:
+    """One cold pass over the distinct inputs, compilation included: the first warm-up calls' sum."""
+    calls = one_pass_calls(phase, workload)
+    return math.fsum(warmup_s[:calls]) if len(warmup_s) >= calls else NAN
 
 
 def to_document(rows: list[RowResult], run: RunInfo, name: str, env: dict[str, Any]) -> RunDocument:

@@ -31,7 +31,6 @@ from mrcnn_bench.cases import (
     REFERENCE,
     SPEED_TARGETS,
     TRAIN_REFERENCE,
-    Workload,
 )
 from mrcnn_bench.records import Record, RunDocument, RunInfo
 from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
@@ -100,19 +99,10 @@ def too_few(rec: Record) -> str:
     return f"n={n}: too few samples" if 0 < n < MIN_SAMPLES else ""
 
 
-def first_pass(rec: Record, workload: Workload | None = None) -> float:
-    """Seconds of one cold pass over the run's distinct inputs, compilation included: the sum of the
-    warm-up calls that go once over every distinct image (``workload.images / gcd(batch, images)``
-    calls; a training row: its first step); the record's ``first_pass_s`` without ``workload``; NaN for
-    run files from before warm-up calls were recorded."""
-    warm = getattr(rec, "warmup_s", None) or []
-    if not warm:
-        return as_number(getattr(rec, "first_pass_s", math.nan))
-    if workload is None:
-        recorded = as_number(getattr(rec, "first_pass_s", math.nan))
-        return recorded if recorded == recorded else math.fsum(warm)
-    calls = 1 if rec.phase == "training" else workload.images // math.gcd(workload.batch_size, workload.images)
-    return math.fsum(warm[:calls])
+def first_pass(rec: Record) -> float:
+    """Seconds of one cold pass over the run's distinct inputs, compilation included
+    (:func:`mrcnn_bench.records.first_pass_seconds`); NaN for run files from before it was recorded."""
+    return as_number(getattr(rec, "first_pass_s", math.nan))
 
 
 def compiles_text(rec: Record) -> str:
@@ -171,9 +161,8 @@ def target_verdict(rec: Record, medians: dict[str, float], interval: str = "") -
     return text
 
 
-def table_frame(records: list[Record], workload: Workload | None = None) -> pd.DataFrame:
-    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`;
-    ``workload``: the run's (for :func:`first_pass`)."""
+def table_frame(records: list[Record]) -> pd.DataFrame:
+    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
     medians = {r.case: median(r) for r in records}
     by_case = {r.case: r for r in records}
     rows = []
@@ -198,7 +187,7 @@ def table_frame(records: list[Record], workload: Workload | None = None) -> pd.D
             "ratio_ci95": interval,
             "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
-            "first_pass_s": first_pass(r, workload),
+            "first_pass_s": first_pass(r),
             "compile_s": as_number(r.compile_s),
             "compiles": compiles_text(r),
             "gflops_s": as_number(r.gflops_s) * measured,
@@ -253,7 +242,7 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
-    df = table_frame(doc.records, doc.run.workload).astype(object)
+    df = table_frame(doc.records).astype(object)
     for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "first_pass_s",
                 "compile_s", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
