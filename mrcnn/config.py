@@ -10,6 +10,7 @@ pure-tensor NMS), ``max_gt_instances`` and ``gt_mask_size`` (padded ground truth
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass, field
 
 # torchvision's box-head RoIAlign output (MultiScaleRoIAlign(output_size=7)); the box head's input
@@ -112,6 +113,14 @@ class Config:
     mask_dilation: int = 1
     mask_dim_reduced: int = 256
     mask_roi_size: int = 14  # RoIAlign output; the predictor upsamples to 2x this
+    # Detection-count buckets for the mask branch at inference, opt-in. Empty (the default): the
+    # mask branch runs on all K slots inside ``forward``, one graph per canvas (what XLA/TPU should
+    # use). Sizes n, positive, strictly increasing, at most K (K is appended when the last is
+    # smaller): ``predict`` then runs the box stage, reads the valid counts on the host and runs the
+    # mask branch on the smallest n that holds every image's valid detections in the batch (one
+    # graph per (canvas, n) when the stages are compiled; see :class:`mrcnn.model.StagedDetector`).
+    # Outputs are equal to the single graph's. ``forward`` itself ignores this field.
+    mask_detection_buckets: tuple[int, ...] = ()
 
     # Ground truth padding (training and evaluation of padded batches).
     max_gt_instances: int = 100
@@ -125,6 +134,14 @@ class Config:
     def mask_size(self) -> int:
         """M, the side of the mask probabilities in ``Detections.masks``."""
         return 2 * self.mask_roi_size
+
+    @property
+    def mask_buckets(self) -> tuple[int, ...]:
+        """The mask branch's detection-count buckets in use: ``mask_detection_buckets`` ending with
+        K (``box_detections_per_img``), or (K,) alone when none are set."""
+        k = self.box_detections_per_img
+        buckets = tuple(self.mask_detection_buckets)
+        return buckets if buckets and buckets[-1] == k else (*buckets, k)
 
     @property
     def box_roi_size(self) -> int:
@@ -157,8 +174,26 @@ class Config:
             problems.append("box_pre_nms_top_n must be at least box_detections_per_img")
         if self.mask_rois_per_image < 0:
             problems.append(f"mask_rois_per_image must be >= 0 (0: the positive quota), got {self.mask_rois_per_image}")
+        problems += self._bucket_problems()
         if problems:
             raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
+
+    def _bucket_problems(self) -> list[str]:
+        buckets = self.mask_detection_buckets
+        if isinstance(buckets, list):  # e.g. from ``--set mask_detection_buckets=[8,32]``
+            object.__setattr__(self, "mask_detection_buckets", buckets := tuple(buckets))
+        what = f"mask_detection_buckets {buckets!r}"
+        if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
+            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64, 100)"]
+        k = self.box_detections_per_img
+        problems = []
+        if any(n <= 0 for n in buckets):
+            problems.append(f"{what} must be positive")
+        if any(a >= b for a, b in itertools.pairwise(buckets)):
+            problems.append(f"{what} must be strictly increasing")
+        if buckets and buckets[-1] > k:
+            problems.append(f"{what} must not exceed box_detections_per_img ({k}); a smaller last gets K appended")
+        return problems
 
 
 def _tiny() -> Config:

@@ -97,11 +97,24 @@ class RoIHeads(nn.Module):
 
     def forward(self, features: list[Tensor], proposals: Proposals, image_sizes: Tensor) -> Detections:
         """features: P2..P5 [B, C, H_l, W_l] -> Detections with K slots per image."""
+        det = self.detect_boxes(features, proposals, image_sizes)
+        return Detections(det.boxes, det.scores, det.labels, self.masks(features, det), det.valid)
+
+    def detect_boxes(self, features: list[Tensor], proposals: Proposals, image_sizes: Tensor) -> BoxDetections:
+        """The box branch: features P2..P5 and P proposals -> K detections per image, without masks.
+
+        Valid detections fill the first slots, best first (``nms_fixed``'s order), so the mask
+        branch may run on any prefix that holds them (:meth:`masks`).
+        """
         class_logits, deltas = self.box_logits(features, proposals.boxes)
-        det = self.detect(class_logits, deltas, proposals, image_sizes)
+        return self.detect(class_logits, deltas, proposals, image_sizes)
+
+    def masks(self, features: list[Tensor], det: BoxDetections) -> Tensor:
+        """The mask branch on the slots of ``det`` (all K, or a prefix of n): -> [B, n, M, M]
+        probabilities of each slot's class, zero where the slot is not valid. Each slot is pooled
+        and run through the head on its own, so a prefix gives the same values as the full K."""
         logits = mask_logits(self.cfg, self.mask_head, self.mask_predictor, features, det.boxes)
-        masks = mask_probabilities(logits, det.labels) * det.valid[..., None, None]
-        return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
+        return mask_probabilities(logits, det.labels) * det.valid[..., None, None]
 
     def loss(
         self,

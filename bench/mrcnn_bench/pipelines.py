@@ -69,20 +69,47 @@ def register_pipeline(name: str) -> Callable[[Builder], Builder]:
     return register
 
 
+def _staged(model: nn.Module, case: Case) -> bool:
+    """Static inference with ``mask_detection_buckets`` in the config: the forward to time is
+    ``mrcnn.model.StagedDetector`` (box stage, host read of the counts, mask stage on a bucket),
+    as ``MaskRCNN.predict`` runs it, rather than the single graph."""
+    cfg = getattr(model, "cfg", None)
+    buckets = getattr(cfg, "mask_detection_buckets", ())
+    return case.interface == "static" and case.phase == "inference" and bool(buckets)
+
+
+def _staged_detector(model: nn.Module, compiled: bool) -> Callable[[ImageBatch], Detections]:
+    # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it,
+    # and only configs with mask_detection_buckets, which such a checkout rejects, reach this.
+    from mrcnn.model import StagedDetector
+
+    return StagedDetector.compiled(model) if compiled else StagedDetector(model)
+
+
 @register_pipeline("eager")
 def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
-    return Compiled(model)
+    """The model as it is (on XLA, traced lazily). With mask buckets, its two stages."""
+    return Compiled(_staged_detector(model, compiled=False) if _staged(model, case) else model)
 
 
 @register_pipeline("inductor")
 def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """torch.compile. Static inference and every training forward in one graph (fullgraph);
-    torchvision's inference breaks graphs by design. Backward goes through AOTAutograd."""
+    torchvision's inference breaks graphs by design. Backward goes through AOTAutograd. With mask
+    buckets, static inference compiles each stage instead (fullgraph, static shapes): one graph per
+    canvas for the box stage, one per (canvas, bucket) used for the mask stage."""
+    if _staged(model, case):
+        return Compiled(_staged_detector(model, compiled=True), backends.dynamo_counters)
     fullgraph = case.interface == "static" or case.phase == "training"
     return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
 
 
 def _build_deployed(model: nn.Module, fmt: str, slowdown: float) -> Compiled:
+    if getattr(getattr(model, "cfg", None), "mask_detection_buckets", ()):
+        raise ValueError(
+            f"the {fmt} rows deploy the single graph (one package per canvas); mask_detection_buckets "
+            "has no deployed form: run these rows without it"
+        )
     # Imported here: only these rows need the export stack, and a checkout compared against
     # (worker rows import its mrcnn) may not have it.
     from mrcnn_bench.deploy import DeployOnFirstCall

@@ -1,0 +1,205 @@
+"""Detection-count buckets for the mask branch (``Config.mask_detection_buckets``).
+
+The staged path (box stage, host read of the valid counts, mask stage on the smallest bucket that
+holds them) must give the single graph's outputs, pick its bucket by the documented rule, and
+compile to one graph per canvas (box stage) plus one per (canvas, bucket) used (mask stage), under
+torch.compile and on XLA (no CPU fallback op: the counts are copied to the host, not read by .item()).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from mrcnn.config import get_config
+from mrcnn.model import MaskRCNN, StagedDetector, mask_bucket
+from mrcnn.structures import Detections, ImageBatch
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights, textured_images
+
+BUCKETS = (8, 16, 32, 64)  # K = 100 is appended
+# With the tiny preset's synthetic weights (seed 0) and scores above 0.9, these images (seed 11)
+# hold 5, 17 and 21 detections: buckets 8, 32 and 32; the first two are landscape (320, 448), the
+# third portrait (448, 320). With the default threshold (0.05) each holds all K = 100.
+FEW, MORE, PORTRAIT = textured_images(((240, 320), (300, 400), (320, 240)), seed=11)
+RAISED_THRESH = 0.9
+
+
+def _model(tiny_cfg, weights, impl: str = "torchvision", thresh: float | None = None) -> MaskRCNN:
+    cfg = tiny_cfg.replace(ops_impl=impl, mask_detection_buckets=BUCKETS)
+    if thresh is not None:
+        cfg = cfg.replace(box_score_thresh=thresh)
+    return load_torchvision_weights(MaskRCNN(cfg).eval(), weights)
+
+
+def _assert_equal(got: Detections, expected: Detections, images: torch.Tensor | None = None) -> None:
+    """Boxes, scores, labels and valid exactly; masks within 1e-6 (on the images that are not padding)."""
+    keep = slice(None) if images is None else images
+    for name in ("boxes", "scores", "labels", "valid"):
+        assert torch.equal(getattr(got, name)[keep], getattr(expected, name)[keep]), name
+    assert got.masks.shape == expected.masks.shape
+    torch.testing.assert_close(got.masks[keep], expected.masks[keep], atol=1e-6, rtol=0)
+
+
+# -- configuration and the bucket rule ----------------------------------------------------------
+
+
+def test_config_buckets_default_and_k_appended():
+    cfg = get_config("tiny")
+    assert cfg.mask_detection_buckets == () and cfg.mask_buckets == (100,)
+    assert cfg.replace(mask_detection_buckets=(8, 16)).mask_buckets == (8, 16, 100)
+    assert cfg.replace(mask_detection_buckets=(8, 100)).mask_buckets == (8, 100)
+    assert cfg.replace(box_detections_per_img=32, mask_detection_buckets=(8, 16)).mask_buckets == (8, 16, 32)
+    # A list (as ``--set mask_detection_buckets=[8,16]`` parses) becomes a tuple.
+    assert get_config("tiny", mask_detection_buckets=[8, 16]).mask_detection_buckets == (8, 16)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "message"),
+    [
+        ((0, 8), "must be positive"),
+        ((-8,), "must be positive"),
+        ((16, 8), "strictly increasing"),
+        ((8, 8, 16), "strictly increasing"),
+        ((8, 200), "must not exceed box_detections_per_img (100)"),
+        ((8.0, 16), "must be a tuple of ints"),
+        ((True,), "must be a tuple of ints"),
+        (8, "must be a tuple of ints"),
+    ],
+)
+def test_config_rejects_bad_buckets(buckets, message):
+    with pytest.raises(ValueError, match="mask_detection_buckets") as info:
+        get_config("tiny", mask_detection_buckets=buckets)
+    assert message in str(info.value)
+
+
+def test_bucket_rule_smallest_that_holds_the_batch_max(tiny_cfg, tiny_weights):
+    buckets = (8, 16, 100)
+    assert [mask_bucket(buckets, c) for c in (0, 1, 8, 9, 16, 17, 100)] == [8, 8, 8, 16, 16, 100, 100]
+    with pytest.raises(ValueError, match="exceed the largest"):
+        mask_bucket(buckets, 101)
+
+    detector = StagedDetector(_model(tiny_cfg, tiny_weights))
+    valid = torch.zeros(3, 100, dtype=torch.bool)
+    assert detector.bucket(valid) == 8  # an all-empty batch takes the smallest bucket
+    valid[0, :3] = True
+    valid[2, :17] = True  # the batch's largest count decides
+    assert detector.bucket(valid) == 32
+    valid[1, :] = True
+    assert detector.bucket(valid) == 100
+
+
+# -- outputs equal the single graph -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["torchvision", "tensor"])
+def test_staged_equals_single_graph(tiny_cfg, tiny_weights, impl):
+    few = _model(tiny_cfg, tiny_weights, impl, RAISED_THRESH)
+    many = _model(tiny_cfg, tiny_weights, impl)
+    with torch.no_grad():
+        # Few detections, a batch of one and a batch of two padded to three (the max decides).
+        for images, batch_size, bucket in (([FEW], None, 8), ([FEW, MORE], 3, 32)):
+            batch = to_image_batch(images, few.cfg, batch_size)
+            detector = StagedDetector(few)
+            got = detector(batch)
+            assert list(detector.used) == [((320, 448), bucket)]
+            assert not got.valid[len(images):].any()
+            _assert_equal(got, few(batch), batch.valid)
+        # Many detections: every slot valid, the last bucket (K).
+        batch = to_image_batch([MORE], many.cfg)
+        detector = StagedDetector(many)
+        got = detector(batch)
+        assert list(detector.used) == [((320, 448), 100)] and bool(got.valid.all())
+        _assert_equal(got, many(batch))
+
+
+def test_predict_with_buckets_equals_predict_without(tiny_cfg, tiny_weights):
+    staged = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    single = load_torchvision_weights(MaskRCNN(staged.cfg.replace(mask_detection_buckets=())).eval(), tiny_weights)
+    got, expected = staged.predict([FEW, PORTRAIT]), single.predict([FEW, PORTRAIT])
+    for g, e in zip(got, expected):
+        assert 0 < len(e["scores"]) < 32
+        for key in ("boxes", "scores", "labels"):
+            assert torch.equal(g[key], e[key]), key
+        torch.testing.assert_close(g["masks"], e["masks"], atol=1e-6, rtol=0)
+
+
+# -- compiled: one graph per canvas and per (canvas, bucket) ------------------------------------
+
+
+@pytest.mark.slow
+def test_compiled_graphs_per_canvas_and_bucket(tiny_cfg, tiny_weights):
+    model = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    batches = [to_image_batch([img], model.cfg) for img in (FEW, MORE, FEW, PORTRAIT, MORE)]
+    torch._dynamo.reset()
+    counters.clear()
+    detector = StagedDetector.compiled(model, backend="aot_eager")
+    with torch.no_grad():
+        for batch in batches:
+            _assert_equal(detector(batch), model(batch))
+    landscape, portrait = (320, 448), (448, 320)
+    assert detector.used == {(landscape, 8): 2, (landscape, 32): 2, (portrait, 32): 1}
+    canvases = {canvas for canvas, _ in detector.used}
+    # One box-stage graph per canvas, one mask-stage graph per (canvas, bucket); fullgraph=True
+    # raises on any graph break, and the repeated (canvas, bucket) pairs compiled nothing new.
+    # (The eager single-graph forward above runs outside dynamo.)
+    assert counters["stats"]["unique_graphs"] == len(canvases) + len(detector.used), dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+
+
+@pytest.mark.slow
+def test_warmup_builds_every_bucket_ahead(tiny_cfg, tiny_weights):
+    model = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    torch._dynamo.reset()
+    counters.clear()
+    detector = StagedDetector.compiled(model, backend="aot_eager")
+    landscape = (320, 448)
+    detector.warmup(canvases=[landscape])
+    built = counters["stats"]["unique_graphs"]
+    assert built == 1 + len(model.cfg.mask_buckets)
+    with torch.no_grad():
+        for img in (FEW, MORE):
+            detector(to_image_batch([img], model.cfg))
+    assert counters["stats"]["unique_graphs"] == built  # nothing compiled after the warm-up
+
+
+def test_blank_batch_takes_smallest_bucket(tiny_cfg, tiny_weights):
+    model = _model(tiny_cfg, tiny_weights, thresh=0.999)
+    batch = to_image_batch([FEW], model.cfg)
+    detector = StagedDetector(model)
+    with torch.no_grad():
+        got = detector(batch)
+        expected = model(batch)
+    assert not expected.valid.any() and list(detector.used) == [((320, 448), 8)]
+    _assert_equal(got, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_xla_compiles_per_canvas_and_bucket_without_fallback(tiny_cfg, tiny_weights):
+    pytest.importorskip("torch_xla", reason="torch_xla is not installed")
+    import torch_xla  # optional dependency: skipped above when absent
+    import torch_xla.debug.metrics as met
+
+    device = torch_xla.device()
+    model = _model(tiny_cfg, tiny_weights, "tensor", RAISED_THRESH)
+    images = (FEW, MORE, FEW)
+    with torch.no_grad():
+        cpu_counts = [int(model(to_image_batch([img], model.cfg)).valid.sum()) for img in images]
+    detector = StagedDetector(model.to(device))
+    met.clear_all()
+    compiles, counts = [], []
+    with torch.no_grad():
+        for img in images:
+            batch = ImageBatch(*(t.to(device) for t in to_image_batch([img], model.cfg)))
+            det = Detections(*(t.cpu() for t in detector(batch)))
+            compiles.append(met.counter_value("UncachedCompile") or 0)
+            counts.append(int(det.valid.sum()))
+    assert counts == cpu_counts
+    # The box stage with the count (one graph), then the mask stage on bucket 8 and on bucket 32;
+    # the box stage's outputs stay on the device between them, and the repeat compiles nothing.
+    assert compiles == [2, 3, 3], compiles
+    assert detector.used == {((320, 448), 8): 2, ((320, 448), 32): 1}
+    assert met.executed_fallback_ops() == [], met.executed_fallback_ops()
