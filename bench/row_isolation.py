@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from mrcnn_bench import store
-from mrcnn_bench.report import other_load
+from mrcnn_bench.run_notes import other_load
 from mrcnn_bench.stats import paired_ratio_ci
 
 CORE = ("torchvision/eager", "static/eager", "static/inductor")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from scipy.stats import gmean
 
-from mrcnn_bench import report
+from mrcnn_bench import report, run_notes
 from mrcnn_bench.cases import Workload, stream_workload
 from mrcnn_bench.records import Record, RunDocument, RunInfo, first_pass_seconds
 
@@ -68,9 +68,9 @@ def test_other_load_is_the_busy_time_the_run_did_not_use():
     # 2 s intervals: the machine was busy 3.0 CPU-s, the run's own processes used 2.0 of them.
     states = [{"wall_s": 2.0 * i, "cpu_busy_s": 3.0 * i, "own_cpu_s": 2.0 * i, "steal_s": 0.2 * i}
               for i in range(5)]
-    got = report.other_load(states)
+    got = run_notes.other_load(states)
     assert got == {"other_cores": pytest.approx(0.5), "steal_cores": pytest.approx(0.1), "intervals": 4.0}
-    assert report.other_load([{"loadavg_1m": 1.0}, {"loadavg_1m": 2.0}]) == {}  # run files from before
+    assert run_notes.other_load([{"loadavg_1m": 1.0}, {"loadavg_1m": 2.0}]) == {}  # run files from before
 
 
 def test_every_ratio_against_torchvision_carries_its_interval():

@@ -30,8 +30,7 @@ import pandas as pd
 
 from mrcnn_bench import defaults, runner, stats, store
 from mrcnn_bench.cases import REFERENCE, Case, Row, Variant
-from mrcnn_bench.records import Record, RunDocument, to_document
-from mrcnn_bench.report import as_number
+from mrcnn_bench.records import Record, RunDocument, as_number, to_document
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
 COMPARABLE = ("preset", "image_size", "batch_size", "overrides", "threads", "cpu")  # must match across run files

@@ -303,7 +303,7 @@ def default_time_limit(preset: str) -> float:
     return DEFAULT_TIME_LIMIT.get(preset, 300.0)
 
 # The project's speed goals: median latency (or step time) as a multiple of another case's. The
-# report names each goal beside the row and explains the column (report.notes).
+# report names each goal beside the row and explains the column (run_notes.notes).
 SPEED_TARGETS: dict[str, tuple[str, float]] = {
     "static/eager": (REFERENCE, 1.0),
     "static/inductor": (REFERENCE, 0.7),

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from mrcnn_bench import report, store
+from mrcnn_bench import report, run_notes, store
 from mrcnn_bench.records import Record, RunDocument
 
 
 def run_label(doc: RunDocument, rec: Record) -> str:
     """A run's column header: its name, its workload's kind (stream or fixed size), host and commit."""
-    return (f"{doc.name}: {report.workload_kind(doc.run)} [{rec.env.get('host', '?')}, "
+    return (f"{doc.name}: {run_notes.workload_kind(doc.run)} [{rec.env.get('host', '?')}, "
             f"{str(rec.env.get('commit') or '')[:8]}]")
 
 
@@ -81,7 +81,7 @@ def build(paths: list[str], out_dir: Path) -> list[Path]:
         written += report.write(doc, out_dir)
         env = doc.environment
         links.append(f'<li><a href="{html.escape(doc.name)}.html">{html.escape(doc.name)}</a>: '
-                     f'{html.escape(doc.run.workload.preset)}, {html.escape(report.images_text(doc.run))}; '
+                     f'{html.escape(doc.run.workload.preset)}, {html.escape(run_notes.images_text(doc.run))}; '
                      f'{html.escape(str(env.get("cpu")))}, GPU {html.escape(str(env.get("gpu")))}, '
                      f'commit {html.escape(str(env.get("commit"))[:10])}, {html.escape(str(env.get("date")))}</li>')
     records = records_frame(runs)

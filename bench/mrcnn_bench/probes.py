@@ -73,7 +73,7 @@ def case_flops(row: Row, ctx: Context) -> float:
 def machine_state(pids: list[int] | None = None) -> dict[str, float]:
     """What else was using the machine: load average, available memory, resident sizes (GB), and the
     cumulative CPU seconds of the whole machine and of this run's own processes (``cpu_busy_s``,
-    ``own_cpu_s``, ``steal_s``, at ``wall_s``), from which :func:`mrcnn_bench.report.other_load` tells
+    ``own_cpu_s``, ``steal_s``, at ``wall_s``), from which :func:`mrcnn_bench.run_notes.other_load` tells
     how many cores other processes used between two states. The 1-minute load average alone counts
     the run's own threads."""
     state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0], "wall_s": time.monotonic()}

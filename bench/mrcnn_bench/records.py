@@ -207,6 +207,11 @@ class RunDocument:
                    [Record.from_dict(r) for r in d["records"]], d["schema"])
 
 
+def as_number(x: Any) -> float:
+    """A record's value as a float; NaN for a missing (None) or non-numeric one."""
+    return float(x) if isinstance(x, (int, float)) and x is not None else math.nan
+
+
 def median_iqr(xs: list[float]) -> tuple[float, float]:
     """Median and interquartile range (torch.quantile's linear interpolation); NaN for no samples."""
     if not xs:

@@ -38,19 +38,16 @@ from typing import Any
 
 import torch
 
-from mrcnn.data.coco import CocoDataset
-from mrcnn.data.synthetic import generate
-from mrcnn.evaluate import CocoEvaluator
 from mrcnn.progress import progress
 from mrcnn_bench import backends, ceiling, defaults, journal
-from mrcnn_bench.cases import Case, Row, Variant, Workload
+from mrcnn_bench.cases import Case, Row, Workload
 from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
 from mrcnn_bench.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
 from mrcnn_bench.parity import parity_stats
-from mrcnn_bench.pipelines import Pipeline
-from mrcnn_bench.probes import case_flops, machine_state, measure_peaks
+from mrcnn_bench.probes import machine_state, measure_peaks
 from mrcnn_bench.profile import profile_stages
 from mrcnn_bench.records import RowResult, RunInfo
+from mrcnn_bench.row_extras import count_row_flops, evaluate_rows
 
 
 @dataclass
@@ -173,11 +170,12 @@ def run(opts: RunOptions) -> RunOutput:
                 if isinstance(runner, WorkerRow) and r.row.case.compiler == "inductor" and r.status != "timeout":
                     r.reasons = runner.last_reasons
             if opts.eval_images:
-                evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts)
+                evaluate_rows([r for r in results if r.status == "ok"], runners, ctx, opts.eval_images, opts.eval_root,
+                              opts.eval_split, log)
     if not interrupted:
         peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
         if opts.flops:
-            count_row_flops(results, ctx)
+            count_row_flops(results, ctx, log)
     stages = None
     if opts.profile and not interrupted:
         log("profiling the stages of static and torchvision, eager")
@@ -422,48 +420,3 @@ def _check_parity(running: list[RowResult], outputs: dict[Row, Any]) -> None:
         ref = Row(Case("torchvision"), r.row.variant)
         if r.row.case.phase == "inference" and r.row in outputs and ref in outputs and r.row != ref:
             r.parity.extend(parity_stats(a, b) for a, b in zip(outputs[ref], outputs[r.row], strict=True))
-
-
-def count_row_flops(results: list[RowResult], ctx: Context) -> None:
-    """FLOPs per call, counted once per (implementation, phase, variant) on the eager CPU model."""
-    cache: dict[tuple, float] = {}
-    for r in results:
-        if r.row.variant.code is not None or r.status != "ok":
-            continue  # other code is counted in its own process only
-        key = (r.row.case.impl, r.row.case.phase, r.row.variant)
-        if key not in cache:
-            try:
-                cache[key] = case_flops(r.row, ctx)
-            except Exception:
-                log(f"FLOP count of {r.row.name} failed:\n{traceback.format_exc()}")
-                cache[key] = math.nan
-        r.flops = cache[key]
-
-
-EVAL_CASES = ("static/eager", "torchvision/eager")
-
-
-def evaluate_rows(results: list[RowResult], runners: dict[str, RowRunner], ctx: Context, opts: RunOptions) -> None:
-    """COCO box and mask AP (pycocotools) of the eager inference rows on ``opts.eval_images`` images."""
-    with contextlib.ExitStack() as stack:
-        root, split = opts.eval_root, opts.eval_split
-        if root is None:  # the synthetic data set's val split, generated for this run
-            root, split = stack.enter_context(tempfile.TemporaryDirectory(prefix="mrcnn_bench_val_")), "val"
-            generate(root, opts.eval_images, seed=10_000 + ctx.seed, split=split, progress=False)
-        dataset = CocoDataset.from_config(root, split, ctx.config(Variant()))
-        count = min(opts.eval_images, len(dataset))
-        for r in results:
-            if r.row.case.name not in EVAL_CASES or r.row.variant.code is not None:
-                continue
-            runner = runners[r.row.name]
-            # Accuracy is not timed: a row in a worker is evaluated by a pipeline built here.
-            pipeline = runner.pipeline if isinstance(runner, InProcessRow) else Pipeline(r.row, ctx)
-            if not isinstance(runner, InProcessRow):
-                pipeline.setup()
-            log(f"{r.row.name}: COCO evaluation on {count} images of {root} ({split})")
-            evaluator = CocoEvaluator(dataset.coco, dataset.label_to_category_id)
-            for i in range(count):
-                image, target = dataset[i]
-                evaluator.update(pipeline.infer([image.float() / 255]), [int(target["image_id"])])
-            metrics = evaluator.summarize()
-            r.accuracy = {"box_ap": metrics["bbox/AP"], "mask_ap": metrics["segm/AP"], "eval_images": count}
