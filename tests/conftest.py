@@ -21,6 +21,14 @@ except ImportError:
     pass
 
 
+@pytest.fixture(autouse=True)
+def _threads_restored():
+    """A test that sets torch's thread count (a run, a measurement) leaves the next test the count it found."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg():
     from mrcnn.config import get_config

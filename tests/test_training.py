@@ -263,10 +263,13 @@ def assert_parity(losses, grads, ref_losses, ref_grads, exact_kernels: bool = Tr
     """Losses within 1e-4 (relative); head gradients within 1e-4 of the largest entry of each tensor.
 
     ``exact_kernels=False`` (the pure-tensor RoIAlign, equal to torchvision's kernel to ~1e-7 but not
-    bit for bit): such a difference can flip a ReLU sitting at its kink for one (RoI, unit) pair of
-    the box head (measured: 1 of 260k fc7 outputs), which moves single gradient entries by up to
-    about 1e-4 of the tensor's largest. There the whole gradient must agree within 1e-4 in norm,
-    and every entry within 1e-3.
+    bit for bit): such a difference flips the few ReLUs of the heads whose input sits within it of
+    zero, and each flip moves the gradients of every layer below it for that RoI. How many units sit
+    that close depends on the weights (the same weights calibrated with one thread instead of two,
+    float summation order alone, flip two of the mask head's three million units and move its first
+    layers' gradients by up to 1e-3 of their largest entry, while the losses stay equal to 1e-7).
+    So the tensor path's gradients are held to 1e-3 in norm and 5e-3 per entry here; the kernel's
+    own gradient is held to 1e-5 of torchvision's in tests/test_ops.py, where no ReLU follows it.
     """
     assert set(losses) == LOSS_NAMES == set(ref_losses)
     for name in LOSS_NAMES:
@@ -283,7 +286,7 @@ def assert_parity(losses, grads, ref_losses, ref_grads, exact_kernels: bool = Tr
             if exact_kernels:
                 assert rel(g, ref) <= 1e-4, (n, rel(g, ref))
             else:
-                assert float((g - ref).norm() / ref.norm()) <= 1e-4 and rel(g, ref) <= 1e-3, (n, rel(g, ref))
+                assert float((g - ref).norm() / ref.norm()) <= 1e-3 and rel(g, ref) <= 5e-3, (n, rel(g, ref))
 
 
 @pytest.mark.slow
