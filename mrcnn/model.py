@@ -155,20 +155,25 @@ class StagedDetector:
 
     ``wrap`` wraps each stage (any function -> function); :meth:`compiled` is the
     ``torch.compile`` form, with one static graph per canvas for the box stage and one per
-    (canvas, n) used for the mask stage. :meth:`warmup` builds them all ahead. ``used`` counts the
-    batches run on each (canvas, n) so far.
+    (canvas, n) used for the mask stage. :meth:`warmup` builds them all ahead; ``warm_ahead``
+    builds every bucket of a canvas at its first batch instead, so that which graphs exist never
+    depends on how many objects the images hold. ``used`` counts the batches run on each
+    (canvas, n) so far.
     """
 
-    def __init__(self, model: MaskRCNN, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None):
+    def __init__(self, model: MaskRCNN, wrap: Callable[[Callable[..., Any]], Callable[..., Any]] | None = None,
+                 warm_ahead: bool = False):
         self.model = model
         self.buckets = model.cfg.mask_buckets
         wrap = wrap or (lambda fn: fn)
         self.box_stage = wrap(model.box_stage)
         self.mask_stage = wrap(model.mask_stage)
         self.used: dict[tuple[Canvas, int], int] = {}
+        self.warm_ahead = warm_ahead
+        self._warm: set[Canvas] = set()
 
     @classmethod
-    def compiled(cls, model: MaskRCNN, **options: Any) -> StagedDetector:
+    def compiled(cls, model: MaskRCNN, warm_ahead: bool = False, **options: Any) -> StagedDetector:
         """Both stages under ``torch.compile(fullgraph=True, dynamic=False, **options)``.
 
         ``dynamic=False`` keeps every bucket a static graph (dynamo's automatic dynamic shapes
@@ -192,13 +197,17 @@ class StagedDetector:
 
             return call
 
-        return cls(model, wrap)
+        return cls(model, wrap, warm_ahead)
 
     def __call__(self, batch: ImageBatch) -> Detections:
         det, pooled = self.box_stage(batch)
+        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
+        if self.warm_ahead and canvas not in self._warm:
+            for n in self.buckets:
+                self._masks(pooled, det, n)
+            self._warm.add(canvas)
         n = self.bucket(det.valid)
         masks = self._masks(pooled, det, n)
-        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
         self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
         return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
 

@@ -21,5 +21,5 @@ ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
 TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
 
 # mrcnn-bench gate
-GATE_CASES = ("static/inductor", "static/xla")  # compile-count cases when writing a baseline
+GATE_CASES = ("static/inductor", "static/xla", "static/inductor+buckets")  # compile-count cases of a new baseline
 INJECTIONS = ("recompile",)  # faults the compile gate can inject to show that it fails
