@@ -203,3 +203,27 @@ def test_xla_compiles_per_canvas_and_bucket_without_fallback(tiny_cfg, tiny_weig
     assert compiles == [2, 3, 3], compiles
     assert detector.used == {((320, 448), 8): 2, ((320, 448), 32): 1}
     assert met.executed_fallback_ops() == [], met.executed_fallback_ops()
+
+
+def test_warm_ahead_runs_every_bucket_of_a_canvas_at_its_first_batch(tiny_cfg, tiny_weights):
+    """The compiled and XLA rows' mode: the graphs built never depend on the images' object counts."""
+    model = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    slots: list[int] = []
+
+    def wrap(fn):
+        def call(*args):
+            if fn.__name__ == "mask_stage":
+                slots.append(args[1].valid.shape[1])
+            return fn(*args)
+
+        return call
+
+    staged = StagedDetector(model, wrap, warm_ahead=True)
+    batch = to_image_batch([FEW], model.cfg)
+    with torch.no_grad():
+        expected = model(batch)
+        _assert_equal(staged(batch), expected)
+        assert slots[:-1] == list(model.cfg.mask_buckets) and slots[-1] == 8  # every bucket, then FEW's
+        slots.clear()
+        _assert_equal(staged(batch), expected)
+    assert slots == [8], "a canvas already seen runs its own bucket only"
