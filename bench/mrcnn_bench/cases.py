@@ -331,7 +331,7 @@ def parse_cases(text: str | None) -> list[Case]:
         if item == "quick":
             names += QUICK
         elif item in PHASES:
-            names += [n for n, c in CASES.items() if c.phase == item]
+            names += [n for n, c in CASES.items() if c.phase == item and n not in EXTRA]
         elif item:
             names.append(item)
     unknown = [n for n in names if n not in CASES]
