@@ -105,7 +105,12 @@ def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     canvas for the box stage, one per (canvas, bucket) used for the mask stage."""
     if _staged(model, case):
         return Compiled(_staged_detector(model, compiled=True, warm_ahead=True), backends.dynamo_counters)
-    fullgraph = case.interface == "static" or case.phase == "training"
+    if case.interface == "static":
+        # dynamic=False: one specialised graph per canvas. By default dynamo turns the canvas's
+        # height and width into symbols at the first recompile, and one graph with dynamic shapes
+        # then serves several canvases (3 graphs for the 5 canvases of a stream).
+        return Compiled(torch.compile(model, fullgraph=True, dynamic=False), backends.dynamo_counters)
+    fullgraph = case.phase == "training"
     return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
 
 
