@@ -58,7 +58,7 @@ def finished(folder: Path) -> dict[str, float] | None:
         metrics = final_metrics(folder)
     except (FileNotFoundError, ValueError):
         return None
-    return metrics if metrics["step"] == get_recipe(RECIPE).steps else None
+    return metrics if metrics["step"] == get_recipe(RECIPE).train.steps else None
 
 
 def cmd_train(args: argparse.Namespace) -> int:
