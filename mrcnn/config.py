@@ -129,6 +129,11 @@ class Config:
     # Kernels. "auto": torchvision's kernels on cpu/cuda, pure tensor ops elsewhere (XLA).
     ops_impl: str = "auto"
     nms_iterations: int = 16  # fixed-point steps of the pure-tensor NMS
+    # Memory layout of the convolutions on CPU and CUDA: True runs the backbone, FPN, RPN head and
+    # mask head in torch.channels_last (NHWC), their conv weights included (MaskRCNN converts them;
+    # state_dict names and shapes are unchanged). Same outputs up to float rounding. XLA ignores it.
+    # The measured effect, eager and under inductor, is in results/levers/channels_last.md.
+    channels_last: bool = False
 
     @property
     def mask_size(self) -> int:

@@ -41,7 +41,10 @@ def mask_logits(cfg: Config, head: nn.Module, predictor: nn.Module, features: li
     pooled = multilevel_roi_align(
         pooling_features(features, impl), boxes, cfg.mask_roi_size, sampling_ratio=2, impl=impl
     )  # [B, R, C, S, S]
-    logits = predictor(head(pooled.flatten(0, 1)))
+    rois = pooled.flatten(0, 1)
+    if cfg.channels_last and rois.device.type in ("cpu", "cuda"):
+        rois = rois.contiguous(memory_format=torch.channels_last)  # RoIAlign writes NCHW
+    logits = predictor(head(rois))
     return logits.view(b, r, *logits.shape[1:])
 
 

@@ -41,6 +41,10 @@ class MaskRCNN(nn.Module):
         self.backbone = build_backbone(self.cfg)
         self.rpn = RegionProposalNetwork(self.cfg)
         self.roi_heads = RoIHeads(self.cfg)
+        if self.cfg.channels_last:
+            # Conv weights in NHWC: 4-D parameters only, names and shapes unchanged, and
+            # load_state_dict copies a checkpoint into this layout.
+            self.to(memory_format=torch.channels_last)
 
     def forward(self, batch: ImageBatch, targets: Targets | None = None) -> Detections | dict[str, Tensor]:
         """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image.
@@ -82,8 +86,9 @@ class MaskRCNN(nn.Module):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
         the edge as torchvision's clamps it.
         """
+        images = self._layout(batch.tensors)
         if not self.cfg.mask_padding:
-            features = list(self.backbone(batch.tensors).values())
+            features = list(self.backbone(images).values())
             return features, features[:4], None
         canvas = (batch.tensors.shape[-2], batch.tensors.shape[-1])
         extents = padded_extents(batch.image_sizes, self.cfg.size_divisible)
@@ -92,8 +97,15 @@ class MaskRCNN(nn.Module):
             # losses depend on that; inference matches torchvision running each image alone.
             largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
             extents = largest.expand_as(extents)
-        features = list(self.backbone(batch.tensors, extents).values())  # P2..P6
+        features = list(self.backbone(images, extents).values())  # P2..P6
         return features, [edge_extended(f, extents, canvas) for f in features[:4]], extents
+
+    def _layout(self, images: Tensor) -> Tensor:
+        """The input in the convolutions' layout: channels_last with ``cfg.channels_last`` on CPU and
+        CUDA (every convolution then keeps NHWC), as given elsewhere (XLA has no strides)."""
+        if self.cfg.channels_last and images.device.type in ("cpu", "cuda"):
+            return images.contiguous(memory_format=torch.channels_last)
+        return images
 
     def box_stage(self, batch: ImageBatch) -> tuple[BoxDetections, list[Tensor]]:
         """Inference up to the detections, without masks: one fixed-shape function per canvas.
