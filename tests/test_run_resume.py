@@ -16,7 +16,8 @@ from mrcnn_bench import journal
 
 ROUNDS = 12
 ARGS = ["run", "--cases", "torchvision/eager,static/eager", "--rounds", str(ROUNDS), "--image-size", "240x320",
-        "--images", "1", "--threads", "1", "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress", "--name", "r"]
+        "--images", "1", "--threads", "1", "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress",
+        "--name", "r"]
 
 
 def bench(out: Path, *extra: str) -> subprocess.Popen:

@@ -20,7 +20,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from mrcnn_bench.cases import REFERENCE, SPEED_TARGETS, TRAIN_REFERENCE
+from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE, speed_target
 from mrcnn_bench.records import Record, RunDocument
 from mrcnn_bench.report import table_frame
 
@@ -79,7 +79,7 @@ def dependencies(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _target(rec: Record) -> float:
     """The row's speed goal as a time ratio to torchvision (report.target_verdict's), else 0: none."""
-    base, factor = SPEED_TARGETS.get(rec.case, ("", 0.0))
+    base, factor = speed_target(rec.case, rec.preset) or ("", 0.0)
     return factor if base in (REFERENCE, TRAIN_REFERENCE) else 0.0
 
 

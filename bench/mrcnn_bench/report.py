@@ -27,8 +27,8 @@ from mrcnn_bench.cases import (
     PARITY_MIN_MASK_IOU,
     PARITY_MIN_MATCHED,
     REFERENCE,
-    SPEED_TARGETS,
     TRAIN_REFERENCE,
+    speed_target,
 )
 from mrcnn_bench.records import Record, RunDocument, as_number
 from mrcnn_bench.run_notes import images_text, notes
@@ -130,10 +130,10 @@ def ratio_interval(rec: Record, ref: Record | None) -> str:
 def target_verdict(rec: Record, medians: dict[str, float], interval: str = "") -> str:
     """The project's speed goal for this row's case and whether it was met (parity included), with
     ``interval`` (the ratio's 95% interval, :func:`ratio_interval`) beside the ratio."""
-    name = rec.case
-    if name not in SPEED_TARGETS:
+    target = speed_target(rec.case, rec.preset)
+    if target is None:
         return ""
-    base, factor = SPEED_TARGETS[name]
+    base, factor = target
     if base not in (REFERENCE, TRAIN_REFERENCE):
         interval = ""  # it is against torchvision: shown beside goals set against torchvision only
     ci = f", 95% CI {interval}" if interval else ""

@@ -10,7 +10,7 @@ import itertools
 import math
 import statistics
 
-from mrcnn_bench.cases import SPEED_TARGETS
+from mrcnn_bench.cases import speed_target
 from mrcnn_bench.records import RunDocument, RunInfo, as_number
 
 
@@ -51,7 +51,7 @@ def notes(doc: RunDocument) -> list[str]:
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
-    if any(r.case in SPEED_TARGETS for r in doc.records):
+    if any(speed_target(r.case, r.preset) for r in doc.records):
         out.append("target: this project's speed goal for the row, as a multiple of another row's median "
                    "(`<= 0.7x tv`: at most 0.7 times torchvision eager's latency per call; training: at least "
                    "that many times torchvision's training throughput), and whether this run met it; a row "
