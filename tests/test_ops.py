@@ -7,7 +7,9 @@ FakeTensorMode, torch.export and fullgraph torch.compile without recompilation, 
 fallbacks or recompilation.
 """
 
+import multiprocessing
 import os
+import threading
 from collections import OrderedDict
 
 import pytest
@@ -18,7 +20,7 @@ from torchvision.ops.poolers import initLevelMapper
 
 import mrcnn.ops.roi_align as roi_align_module
 from mrcnn import export
-from mrcnn.ops import multilevel_roi_align, nms_fixed, resolve_impl
+from mrcnn.ops import multilevel_roi_align, nms_fixed, parallel, resolve_impl
 from mrcnn.ops._library import COMPOSITE_OPS
 from mrcnn.ops.nms import _nms_fixed_tensor, nms_convergence_steps
 from mrcnn.ops.roi_align import _roi_align_tensor, infer_scales
@@ -328,7 +330,10 @@ def test_roi_align_gradcheck(roi_impl):
     )
 
 
-def test_roi_align_opcheck():
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_roi_align_opcheck(chunks, monkeypatch):
+    # chunks: RoIs per level in one kernel call, or split three ways on the threaded path.
+    monkeypatch.setattr(parallel, "num_chunks", lambda device: chunks)
     gen = torch.Generator().manual_seed(0)
     features = [f.requires_grad_() for f in pyramid(gen, 2, 3, 16, 20)]
     boxes = roi_boxes(gen, 2, (64, 80))
@@ -349,6 +354,118 @@ def test_roi_align_opcheck():
         (grad, boxes, scales, heights, widths, 2, 224, 4),
     )
     assert all(v == "SUCCESS" for v in result.values()), result
+
+
+# The torchvision-kernel ops split each level's RoIs into chunks run on as many threads.
+
+
+def _tv_roi_align_both_ways(monkeypatch, chunks: int, features, boxes, output_size: int, upstream):
+    """(forward, feature gradients) of the tv op with one kernel call per level, then threaded."""
+    results = []
+    for n in (1, chunks):
+        monkeypatch.setattr(parallel, "num_chunks", lambda device, n=n: n)
+        leaves = [f.clone().requires_grad_() for f in features]
+        out = multilevel_roi_align(leaves, boxes, output_size, impl="torchvision")
+        (out * upstream).sum().backward()
+        results.append((out.detach(), [f.grad for f in leaves]))
+    return results
+
+
+@pytest.mark.parametrize("chunks", [2, 3])
+@pytest.mark.parametrize("output_size", [7, 14])
+def test_roi_align_threaded_equals_one_call_per_level(monkeypatch, chunks, output_size):
+    gen = torch.Generator().manual_seed(21 + chunks)
+    features = pyramid(gen, 2, 5, 24, 30)
+    boxes = roi_boxes(gen, 2, (96, 120))
+    upstream = torch.randn(2, boxes.shape[1], 5, output_size, output_size, generator=gen)
+    (out_1, grads_1), (out_n, grads_n) = _tv_roi_align_both_ways(
+        monkeypatch, chunks, features, boxes, output_size, upstream
+    )
+    # Forward: the same kernel pools each RoI whichever chunk holds it.
+    assert torch.equal(out_n, out_1)
+    # Backward: each chunk scatters into its own level map and the maps are summed, so only the
+    # order of the float additions differs.
+    for g_n, g_1 in zip(grads_n, grads_1):
+        assert g_1.abs().sum() > 0  # every level pools some RoIs
+        torch.testing.assert_close(g_n, g_1, atol=1e-5, rtol=1e-5)
+
+
+def test_roi_align_threaded_by_default_follows_num_threads(monkeypatch):
+    monkeypatch.setattr(parallel, "THREADED", True)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        assert parallel.num_chunks(torch.device("cpu")) == 3
+        assert parallel.num_chunks(torch.device("meta")) == 1  # CPU kernels only
+        monkeypatch.setattr(parallel, "THREADED", False)
+        assert parallel.num_chunks(torch.device("cpu")) == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_roi_align_chunks_are_dealt_evenly():
+    members = [torch.arange(0, 7), torch.arange(7, 8), torch.arange(8, 8), torch.arange(8, 13)]
+    groups = parallel.deal(members, 2)
+    assert len(groups) == 2
+    dealt = sorted(torch.cat([idx for g in groups for _, idx in g]).tolist())
+    assert dealt == list(range(13))  # every RoI exactly once; the empty level yields no task
+    assert [sum(idx.numel() for _, idx in g) for g in groups] == [7, 6]  # odd RoIs go to the lighter
+    assert all(set(idx.tolist()) <= set(members[level].tolist()) for g in groups for level, idx in g)
+    assert len(parallel.deal(members, 1)) == 1
+
+
+def test_roi_align_groups_run_concurrently():
+    # Three groups, each blocked until all three are inside fn: only concurrent threads get past
+    # the barrier (a sequential run would time out with BrokenBarrierError).
+    barrier = threading.Barrier(3, timeout=30)
+    seen = []
+
+    def fn(level, idx):
+        seen.append(threading.get_ident())
+        barrier.wait()
+        return idx * 2
+
+    groups = [[(0, torch.tensor([i]))] for i in range(3)]
+    results = parallel.run_groups(fn, groups)
+    assert [r[0].item() for r in results] == [0, 2, 4]
+    assert len(set(seen)) == 3 and threading.get_ident() in seen  # group 0 runs on the caller
+
+
+def test_roi_align_threaded_in_inference_mode_and_no_grad(monkeypatch):
+    monkeypatch.setattr(parallel, "num_chunks", lambda device: 2)
+    features, boxes = _roi_sample(seed=4, requires_grad=True)
+    ref = reference_roi_align([f.detach() for f in features], boxes, 7)
+    for mode in (torch.inference_mode, torch.no_grad):
+        with mode():
+            out = multilevel_roi_align(features, boxes, 7, impl="torchvision")
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        assert not out.requires_grad
+
+
+def test_roi_align_threaded_in_forked_child(monkeypatch):
+    # The pool belongs to the process that made it: a forked child (a DataLoader worker) must get
+    # its own, or it would queue work on threads that do not exist there and wait forever.
+    monkeypatch.setattr(parallel, "num_chunks", lambda device: 2)
+    features, boxes = _roi_sample(seed=6)
+    expected = multilevel_roi_align(features, boxes, 7, impl="torchvision")  # the parent's pool exists
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+
+    def child():
+        # As a DataLoader worker does: OpenMP's own threads do not survive a fork either.
+        torch.set_num_threads(1)
+        out = multilevel_roi_align(features, boxes, 7, impl="torchvision")
+        queue.put(bool(torch.equal(out, expected)))
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        assert queue.get(timeout=60) is True
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    assert proc.exitcode == 0
 
 
 # ------------------------------------------------------------------------------------------------

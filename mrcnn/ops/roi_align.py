@@ -9,6 +9,10 @@ data-dependent branch or shape anywhere.
 Its two forms are two operators: ``mrcnn::multilevel_roi_align`` (the gather form, a
 ``CompositeImplicitAutograd`` op that decomposes into aten ops and is differentiated through them)
 and ``mrcnn::multilevel_roi_align_tv`` (torchvision's kernels, with a registered backward op).
+
+torchvision's CPU kernels run on one thread. On the CPU the ``*_tv`` ops split each level's RoIs
+into ``torch.get_num_threads()`` chunks whose kernel calls run concurrently: see
+:mod:`mrcnn.ops.parallel` (and its switch, ``THREADED``).
 """
 
 import math
@@ -16,6 +20,7 @@ import math
 import torch
 from torch import Tensor
 
+from . import parallel
 from ._library import define_composite, resolve_impl
 
 _LEVEL_EPS = 1e-6  # torchvision LevelMapper's eps
@@ -303,17 +308,25 @@ def _multilevel_roi_align_tv(
     canonical_scale: int,
     canonical_level: int,
 ) -> Tensor:
-    """Real kernel: MultiScaleRoIAlign's per-level loop over ``torchvision::roi_align``."""
+    """Real kernel: MultiScaleRoIAlign's per-level loop over ``torchvision::roi_align``, each level's
+    RoIs split into concurrent chunks on the CPU (:mod:`mrcnn.ops.parallel`)."""
     b, r = boxes.shape[:2]
     c = features[0].shape[1]
     rois = _rois(boxes, features[0].dtype)
     out = features[0].new_zeros((b * r, c, output_size, output_size))
     members = _level_members(boxes, scales, canonical_scale, canonical_level)
-    for feat, scale, idx in zip(features, scales, members):
-        if idx.numel() > 0:
-            out[idx] = torch.ops.torchvision.roi_align(
-                feat, rois[idx], scale, output_size, output_size, sampling_ratio, False
-            )
+    # The kernel makes its input NCHW-contiguous at every call: once per level here, not per chunk.
+    features = [f.detach().contiguous() for f in features]
+
+    def pool(level: int, idx: Tensor) -> Tensor:
+        return torch.ops.torchvision.roi_align(
+            features[level], rois[idx], scales[level], output_size, output_size, sampling_ratio, False
+        )
+
+    groups = parallel.deal(members, parallel.num_chunks(boxes.device))
+    for group, results in zip(groups, parallel.run_groups(pool, groups)):
+        for (_, idx), pooled in zip(group, results):
+            out[idx] = pooled
     return out.view(b, r, c, output_size, output_size)
 
 
@@ -349,11 +362,21 @@ def _multilevel_roi_align_tv_backward(
     rois = _rois(boxes, grad.dtype)
     flat = grad.reshape(b * r, c, s, s)
     members = _level_members(boxes, scales, canonical_scale, canonical_level)
-    return [
-        torch.ops.torchvision._roi_align_backward(
-            flat[idx].contiguous(), rois[idx], scale, s, s, b, c, h, w, sampling_ratio, False
+
+    def scatter(level: int, idx: Tensor) -> Tensor:  # a whole [B, C, H, W] gradient per call
+        h, w = heights[level], widths[level]
+        return torch.ops.torchvision._roi_align_backward(
+            flat[idx].contiguous(), rois[idx], scales[level], s, s, b, c, h, w, sampling_ratio, False
         )
-        for scale, h, w, idx in zip(scales, heights, widths, members)
+
+    groups = parallel.deal(members, parallel.num_chunks(grad.device))
+    # Chunks of a level scatter into the same map, so each writes its own and they are summed.
+    grads: list[Tensor | None] = [None] * len(scales)
+    for group, results in zip(groups, parallel.run_groups(scatter, groups)):
+        for (level, _), part in zip(group, results):
+            grads[level] = part if grads[level] is None else grads[level].add_(part)
+    return [
+        g if g is not None else grad.new_zeros((b, c, h, w)) for g, h, w in zip(grads, heights, widths)
     ]
 
 
