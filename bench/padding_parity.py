@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -46,7 +45,7 @@ from mrcnn.parity import match_detections, same_detections, torchvision_stable_t
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import resized_size, select_canvas, to_image_batch
 from mrcnn.weights import calibration_images, load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench.stats import paired_ratio_ci
+from mrcnn_bench.onoff import done_keys, paired, read_lines, run_rounds, seconds_by_round
 
 PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
 DELTAS = (1, 15, 31)
@@ -92,12 +91,6 @@ def photo(name: str, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(crop, size=size, mode="bilinear", antialias=True, align_corners=False)[0].clamp(0, 1)
 
 
-def _done(path: Path, key: str) -> set:
-    if not path.exists():
-        return set()
-    return {json.loads(line)[key] for line in path.read_text().splitlines() if line.strip()}
-
-
 def _weights(cfg: Config, path: str | None, seed: int, with_photos: bool = False) -> dict:
     """``--weights``, else ``synthetic_weights``; ``with_photos`` adds the sample photographs to its
     calibration batch (at COCO depth the default batch still lets some seeds saturate on photos)."""
@@ -111,7 +104,7 @@ def _weights(cfg: Config, path: str | None, seed: int, with_photos: bool = False
 
 def run_parity(cfg: Config, opts: argparse.Namespace) -> None:
     out = opts.out / "parity.jsonl"
-    done = _done(out, "key")
+    done = done_keys(out)
     sizes = off_canvas_sizes(cfg)[: opts.limit or None]
     for seed in opts.seeds:
         weights = None
@@ -184,7 +177,6 @@ def _parity_totals(rows: list[dict], num_ref: str, matched: str, iou: str) -> di
 def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
     """Interleaved latency of masked vs unmasked, eager and inductor, on one off-canvas batch."""
     out = opts.out / "cost.jsonl"
-    done = _done(out, "key")
     size = off_canvas_sizes(cfg)[0]
     weights = _weights(cfg, opts.weights, 0)
     batch = to_image_batch(textured_images((size,) * opts.batch_size, seed=0), cfg)
@@ -198,20 +190,10 @@ def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
                     fn(batch)
             variants[f"{mode}:mask_padding={masked}"] = fn
     names = list(variants)
-    for r in range(opts.rounds):
-        order = names if r % 2 == 0 else names[::-1]  # A B, then B A: drifts in load hit both alike
-        for name in order:
-            key = f"{r}:{name}"
-            if key in done:
-                continue
-            with torch.no_grad():
-                t0 = time.perf_counter()
-                variants[name](batch)
-                seconds = time.perf_counter() - t0
-            with out.open("a") as f:
-                f.write(json.dumps(dict(key=key, round=r, variant=name, seconds=seconds)) + "\n")
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    seconds = {n: {r["round"]: r["seconds"] for r in rows if r["variant"] == n} for n in names}
+    with torch.no_grad():
+        run_rounds({n: lambda fn=fn: fn(batch) for n, fn in variants.items()}, opts.rounds, out)
+    rows = read_lines(out)
+    seconds = {n: seconds_by_round(rows, n) for n in names}
     summary = {
         "canvas": list(batch.tensors.shape[-2:]), "size": list(size), "batch_size": opts.batch_size,
         "threads": torch.get_num_threads(), "loadavg_1min_at_end": os.getloadavg()[0],
@@ -219,10 +201,8 @@ def run_cost(cfg: Config, opts: argparse.Namespace) -> None:
         "samples": {n: len(seconds[n]) for n in names},
     }  # fmt: skip
     for mode in opts.modes:  # masked / unmasked per round: the drift of the machine cancels
-        on, off = seconds[f"{mode}:mask_padding=True"], seconds[f"{mode}:mask_padding=False"]
-        both = sorted(set(on) & set(off))
-        ratio, low, high = paired_ratio_ci([off[r] for r in both], [on[r] for r in both])
-        summary[f"{mode}: masked / unmasked"] = {"median_ratio": ratio, "ci95": [low, high], "rounds": len(both)}
+        pair = paired(rows, f"{mode}:mask_padding=False", f"{mode}:mask_padding=True")
+        summary[f"{mode}: masked / unmasked"] = {k: pair[k] for k in ("median_ratio", "ci95", "rounds")}
     (opts.out / "cost_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
 

@@ -132,7 +132,7 @@ class Config:
     # Memory layout of the convolutions on CPU and CUDA: True runs the backbone, FPN, RPN head and
     # mask head in torch.channels_last (NHWC), their conv weights included (MaskRCNN converts them;
     # state_dict names and shapes are unchanged). Same outputs up to float rounding. XLA ignores it.
-    # The measured effect, eager and under inductor, is in results/levers/channels_last.md.
+    # Its measured effect, eager and under inductor, is in the README's model section.
     channels_last: bool = False
 
     @property
