@@ -36,6 +36,7 @@ from scipy import stats
 from mrcnn.progress import add_progress_flag, progress
 from mrcnn_bench import ab, defaults, runner
 from mrcnn_bench.cases import default_time_limit, default_workload, parse_cases
+from mrcnn_bench.journal import read_lines
 from mrcnn_bench.stats import compare_latency
 
 ROUNDS = 30  # each trial; smaller counts are judged on its first rounds
@@ -65,23 +66,11 @@ def trial(kind: str) -> dict[str, Any]:
             "seconds": time.time() - t0, "loadavg_before": load, "loadavg_after": os.getloadavg()[0]}
 
 
-def read_trials(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line cut by a crash: the trials before it are whole
-    return out
-
-
 def run(out: Path, hours: float, show: bool) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "trials.jsonl"
     done: dict[str, int] = {}
-    for t in read_trials(path):
+    for t in read_lines(path):
         done[t["kind"]] = done.get(t["kind"], 0) + 1
     total, deadline = sum(TARGETS.values()), time.monotonic() + hours * 3600
     bar = progress(total=total, initial=sum(min(done.get(k, 0), n) for k, n in TARGETS.items()), desc="trials",
@@ -124,7 +113,7 @@ def rates(trials: list[dict[str, Any]], rounds: int) -> dict[str, Rate]:
 
 
 def summary(out: Path) -> int:
-    trials = read_trials(out / "trials.jsonl")
+    trials = read_lines(out / "trials.jsonl")
     if not trials:
         print(f"no trials in {out / 'trials.jsonl'}", file=sys.stderr)
         return 2

@@ -44,9 +44,7 @@ import hashlib
 import itertools
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -64,7 +62,9 @@ from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench.onoff import paired, read_lines, run_rounds
+from mrcnn_bench import store
+from mrcnn_bench.journal import read_lines
+from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import machine_state
 
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640), 20), "tiny": ("tiny", (240, 320), 40)}
@@ -248,7 +248,7 @@ def other_cores(rows: list[dict[str, Any]]) -> float | None:
 
 def _meta(lever: str, argv: list[str]) -> dict[str, Any]:
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        return store.git(*args) or ""
 
     dirty = git("diff", "--name-only", "HEAD", "--", "mrcnn").split() + git(
         "ls-files", "--others", "--exclude-standard", "mrcnn").split()
@@ -258,19 +258,9 @@ def _meta(lever: str, argv: list[str]) -> dict[str, Any]:
         # Uncommitted library files the run imported (another change in progress), by content hash.
         "uncommitted": {p: hashlib.sha1((REPO / p).read_bytes()).hexdigest()[:10]
                         for p in dirty if (REPO / p).is_file()},
-        "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu": _cpu_name(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "torch": torch.__version__, "threads": torch.get_num_threads(),
+        "cpu": f"{store.cpu_model()} x{os.cpu_count()}", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }  # fmt: skip
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f" x{os.cpu_count()}"
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def summarize(lever: str, out: Path, meta: dict[str, Any], infos: dict[str, dict]) -> dict[str, Any]:

@@ -45,7 +45,8 @@ from mrcnn.parity import match_detections, same_detections, torchvision_stable_t
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import resized_size, select_canvas, to_image_batch
 from mrcnn.weights import calibration_images, load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench.onoff import done_keys, paired, read_lines, run_rounds, seconds_by_round
+from mrcnn_bench.journal import read_lines
+from mrcnn_bench.onoff import done_keys, paired, run_rounds, seconds_by_round
 
 PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
 DELTAS = (1, 15, 31)
@@ -143,7 +144,7 @@ def summarize_parity(path: Path, dest: Path) -> None:
     """Per (impl, masking): parity against torchvision as shipped, and against torchvision with equal
     scores ordered by index (``torchvision_stable_ties``), over all cases and over the cases whose
     torchvision result does not depend on that order."""
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = read_lines(path)
     summary = {}
     for impl, masked in sorted({(r["impl"], r["mask_padding"]) for r in rows}):
         sel = [r for r in rows if r["impl"] == impl and r["mask_padding"] == masked]

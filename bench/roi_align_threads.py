@@ -37,7 +37,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +52,7 @@ from mrcnn.ops import multilevel_roi_align, parallel
 from mrcnn.ops.roi_align import infer_scales, roi_levels
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from mrcnn_bench import store
 from mrcnn_bench.stats import paired_ratio_ci
 
 PRESETS = {"tiny": (320, 448), "coco_r50_fpn": (800, 1088)}  # kernel canvases
@@ -251,26 +251,13 @@ def measure_model(preset: str, rounds: int) -> dict:
 
 
 def meta(command: str) -> dict:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True).stdout.strip()
-
     return {
-        "command": command, "commit": git("rev-parse", "--short", "HEAD"),
-        "uncommitted": git("status", "--short", "--untracked-files=no").splitlines(),
+        "command": command, "commit": store.git("rev-parse", "--short", "HEAD"),
+        "uncommitted": (store.git("status", "--short", "--untracked-files=no") or "").splitlines(),
         "torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
-        "cpu": _cpu_name(), "cores": os.cpu_count(), "unix_time": round(time.time()),
+        "cpu": store.cpu_model(), "cores": os.cpu_count(), "unix_time": round(time.time()),
         "load_1min_at_start": _load(),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _loads(rounds: list[list[float]]) -> str:

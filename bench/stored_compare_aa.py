@@ -32,21 +32,11 @@ from pathlib import Path
 from scipy import stats
 
 from mrcnn_bench import ab, store
+from mrcnn_bench.journal import read_lines
 
 CASES = "torchvision/eager,static/eager"
 WORKLOAD = ["--preset", "tiny", "--image-size", "240x320", "--images", "3"]
 RUNS = Path("out/stored_compare_aa")
-
-
-def read_trials(path: Path) -> list[dict]:
-    """The whole lines of a trials file (a line cut by a crash ends it)."""
-    out = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
 
 
 def one_run(name: str, rounds: int) -> store.RunDocument:
@@ -63,7 +53,7 @@ def one_run(name: str, rounds: int) -> store.RunDocument:
 def cmd_run(args: argparse.Namespace) -> int:
     trials_path = args.out / "trials.jsonl"
     args.out.mkdir(parents=True, exist_ok=True)
-    done = len(read_trials(trials_path))
+    done = len(read_lines(trials_path))
     for pair in range(done, args.pairs):
         t0, load = time.time(), os.getloadavg()[0]
         a, b = one_run(f"pair{pair:03d}_a", args.rounds), one_run(f"pair{pair:03d}_b", args.rounds)
@@ -84,7 +74,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    trials = read_trials(args.out / "trials.jsonl")
+    trials = read_lines(args.out / "trials.jsonl")
     if not trials:
         print(f"no trials in {args.out}", file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
 
 from mrcnn.config import Config
+from mrcnn.layout import conv_layout
 from mrcnn.ops import multilevel_roi_align, resolve_impl
 
 
@@ -41,10 +42,7 @@ def mask_logits(cfg: Config, head: nn.Module, predictor: nn.Module, features: li
     pooled = multilevel_roi_align(
         pooling_features(features, impl), boxes, cfg.mask_roi_size, sampling_ratio=2, impl=impl
     )  # [B, R, C, S, S]
-    rois = pooled.flatten(0, 1)
-    if cfg.channels_last and rois.device.type in ("cpu", "cuda"):
-        rois = rois.contiguous(memory_format=torch.channels_last)  # RoIAlign writes NCHW
-    logits = predictor(head(rois))
+    logits = predictor(head(conv_layout(pooled.flatten(0, 1), cfg)))  # RoIAlign writes NCHW
     return logits.view(b, r, *logits.shape[1:])
 
 

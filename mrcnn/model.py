@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from mrcnn.backbone import build_backbone, edge_extended, padded_extents
 from mrcnn.config import Canvas, Config, get_config
+from mrcnn.layout import contiguous_nchw, conv_layout
 from mrcnn.losses import check_targets, masks_are_cropped
 from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
@@ -87,7 +88,7 @@ class MaskRCNN(nn.Module):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
         the edge as torchvision's clamps it.
         """
-        images = self._layout(batch.tensors)
+        images = conv_layout(batch.tensors, self.cfg)
         if not self.cfg.mask_padding:
             features = list(self.backbone(images).values())
             return features, self._pooling_layout(features[:4]), None
@@ -101,13 +102,6 @@ class MaskRCNN(nn.Module):
         features = list(self.backbone(images, extents).values())  # P2..P6
         pooled = [edge_extended(f, extents, canvas) for f in features[:4]]
         return features, self._pooling_layout(pooled), extents
-
-    def _layout(self, images: Tensor) -> Tensor:
-        """The input in the convolutions' layout: channels_last with ``cfg.channels_last`` on CPU and
-        CUDA (every convolution then keeps NHWC), as given elsewhere (XLA has no strides)."""
-        if self.cfg.channels_last and images.device.type in ("cpu", "cuda"):
-            return images.contiguous(memory_format=torch.channels_last)
-        return images
 
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:
         """P2..P5 in the layout RoIAlign reads. torchvision's roi_align kernels make their input
@@ -158,23 +152,6 @@ class MaskRCNN(nn.Module):
             for i, result in zip(indices, postprocess(detect(batch), batch)):
                 results[i] = result
         return results
-
-
-def contiguous_nchw(x: Tensor) -> Tensor:
-    """[B, C, H, W] in any layout -> contiguous (NCHW), as ``x.contiguous()``.
-
-    Eager on the CPU, a channels_last map is copied as one 2-D transpose per image ([H*W, C] ->
-    [C, H*W]): PyTorch's blocked transpose, about 5x faster here than the strided copy of
-    ``contiguous()``. Compiled, the compiler writes the transpose itself.
-    """
-    if x.is_contiguous() or x.device.type != "cpu" or torch.compiler.is_compiling():
-        return x.contiguous()
-    b, c, h, w = x.shape
-    rows = x.permute(0, 2, 3, 1).reshape(b, h * w, c)  # a view when x is channels_last
-    out = x.new_empty((b, c, h * w))
-    for i in range(b):
-        out[i].copy_(rows[i].t())
-    return out.view(b, c, h, w)
 
 
 def mask_bucket(buckets: Sequence[int], count: int) -> int:

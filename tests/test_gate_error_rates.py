@@ -33,7 +33,7 @@ def test_rates_judge_each_round_count_on_the_first_rounds(tmp_path):
             trials.append({"kind": kind, "slowdown": slow, "a_s": a, "b_s": b, "seconds": 30.0,
                            "loadavg_before": 0.1})
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials) + '{"kind": "a')  # torn
-    assert len(study.read_trials(tmp_path / "trials.jsonl")) == 12
+    assert len(study.read_lines(tmp_path / "trials.jsonl")) == 12
     r = study.rates(trials, 10)
     assert (r["aa"].flagged, r["slow10"].flagged, r["aa"].trials) == (0, 4, 4)
     assert r["aa"].text().startswith("0/4 = 0.0% [0.0%, 60.2%]")  # Clopper-Pearson, two-sided 95%

@@ -92,16 +92,25 @@ def _plain(x: Any) -> Any:
     return float(x) if hasattr(x, "__float__") else str(x)
 
 
-def read(path: Path, key: dict[str, Any]) -> Journal:
-    """The journal at ``path``; ValueError if it is missing, unreadable, or of another run than ``key``."""
-    if not path.is_file():
-        raise ValueError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
-    lines = []
-    for text in path.read_text().splitlines():
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    """Every whole JSON line of an append-only file ([] when it does not exist), up to the first line a
+    crash tore: the journal's, and the resumable studies' under ``bench/``."""
+    lines: list[dict[str, Any]] = []
+    for text in path.read_text().splitlines() if path.is_file() else []:
+        if not text.strip():
+            continue
         try:
             lines.append(json.loads(text))
         except json.JSONDecodeError:
             break  # a line torn by a crash: everything before it is whole
+    return lines
+
+
+def read(path: Path, key: dict[str, Any]) -> Journal:
+    """The journal at ``path``; ValueError if it is missing, unreadable, or of another run than ``key``."""
+    if not path.is_file():
+        raise ValueError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
+    lines = read_lines(path)
     if not lines or lines[0].get("kind") != "start":
         raise ValueError(f"--resume: {path} is not a run journal")
     theirs, key = lines[0]["key"], json.loads(json.dumps(key, default=_plain))  # tuples as JSON lists

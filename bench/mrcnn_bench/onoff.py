@@ -18,14 +18,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mrcnn_bench.journal import read_lines
 from mrcnn_bench.stats import paired_ratio_ci
-
-
-def read_lines(path: Path) -> list[dict[str, Any]]:
-    """Every JSON line of ``path`` ([] when it does not exist)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def done_keys(path: Path, key: str = "key") -> set:
