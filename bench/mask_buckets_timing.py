@@ -27,7 +27,8 @@ from pathlib import Path
 import torch
 
 from mrcnn.config import get_config
-from mrcnn.model import MaskRCNN, StagedDetector
+from mrcnn.model import MaskRCNN
+from mrcnn.staged import StagedDetector
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
 

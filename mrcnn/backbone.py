@@ -7,7 +7,7 @@ modules with the canvas padding masked so that it changes nothing (``cfg.mask_pa
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -130,11 +130,25 @@ def masked_features(backbone: BackboneWithFPN, images: Tensor, extents: Tensor) 
         lateral = fpn.get_result_from_inner_blocks(stages[idx], idx)
         # Sizes double exactly between levels of a canvas and of an extent, so nearest upsampling
         # copies the same values as torchvision's inside the extent.
-        last = lateral + F.interpolate(last, size=lateral.shape[-2:], mode="nearest")
+        last = lateral + upsample_nearest(last, lateral.shape[-2:])
         levels.insert(0, zero(fpn.get_result_from_layer_blocks(zero(last), idx)))
     # LastLevelMaxPool (kernel 1, stride 2) of a zeroed P5 is zero outside the P6 extent too.
     levels, _ = fpn.extra_blocks(levels, stages, [str(i) for i in range(len(levels))])
     return levels
+
+
+def upsample_nearest(x: Tensor, size: Sequence[int]) -> Tensor:
+    """x [B, C, h, w] -> [B, C, *size]: ``F.interpolate(x, size, mode="nearest")``.
+
+    On XLA, when ``size`` is exactly (2h, 2w) (always, between FPN levels of a canvas), the same
+    values come from an expand and a reshape instead: torch_xla lowers their backward (a sum), but
+    runs ``upsample_nearest2d``'s backward on the CPU, a fallback inside every training step.
+    """
+    h, w = x.shape[-2:]
+    if x.device.type != "xla" or tuple(size) != (2 * h, 2 * w):
+        return F.interpolate(x, size=tuple(size), mode="nearest")
+    b, c = x.shape[:2]
+    return x[:, :, :, None, :, None].expand(b, c, h, 2, w, 2).reshape(b, c, 2 * h, 2 * w)
 
 
 def edge_extended(feature: Tensor, extents: Tensor, canvas: tuple[int, int]) -> Tensor:

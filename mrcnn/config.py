@@ -107,6 +107,15 @@ class Config:
     # it runs on every slot, filled or not. The measured speed and accuracy trade-off is in the
     # training results.
     mask_rois_per_image: int = 0
+    # Mask-RoI buckets for training, opt-in; torchvision's loss either way. Empty (the default):
+    # the mask branch trains on all Q slots of the positive quota, filled or not, in the one
+    # training graph. Sizes n, positive, strictly increasing, at most Q (Q is appended when the
+    # last is smaller): the eager training forward and :class:`mrcnn.staged.StagedTrainer` then
+    # read the batch's largest sampled-positive count on the host and train the mask branch on the
+    # smallest n slots that hold every positive (one graph per (canvas, n) when the stages are
+    # compiled). Positives fill the first slots, so the loss is the same as on all Q; a compiled
+    # ``forward`` (no host read inside a graph) keeps all Q. Not with ``mask_rois_per_image``.
+    mask_train_buckets: tuple[int, ...] = ()
 
     # Mask branch.
     mask_layers: tuple[int, ...] = (256, 256, 256, 256)
@@ -149,6 +158,20 @@ class Config:
         return buckets if buckets and buckets[-1] == k else (*buckets, k)
 
     @property
+    def mask_positive_quota(self) -> int:
+        """Q, the training slots the mask branch reads: the box sampler's positive quota,
+        int(box_batch_size_per_image * box_positive_fraction), which holds every sampled positive."""
+        return int(self.box_batch_size_per_image * self.box_positive_fraction)
+
+    @property
+    def mask_train_slots(self) -> tuple[int, ...]:
+        """The mask branch's training-slot buckets in use: ``mask_train_buckets`` ending with Q
+        (:attr:`mask_positive_quota`), or (Q,) alone when none are set."""
+        q = self.mask_positive_quota
+        buckets = tuple(self.mask_train_buckets)
+        return buckets if buckets and buckets[-1] == q else (*buckets, q)
+
+    @property
     def box_roi_size(self) -> int:
         """Side of the box head's RoIAlign output."""
         return BOX_ROI_SIZE
@@ -184,20 +207,29 @@ class Config:
             raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
 
     def _bucket_problems(self) -> list[str]:
-        buckets = self.mask_detection_buckets
-        if isinstance(buckets, list):  # e.g. from ``--set mask_detection_buckets=[8,32]``
-            object.__setattr__(self, "mask_detection_buckets", buckets := tuple(buckets))
-        what = f"mask_detection_buckets {buckets!r}"
-        if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
-            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64, 100)"]
         k = self.box_detections_per_img
+        problems = self._buckets_problems("mask_detection_buckets", k, "box_detections_per_img")
+        problems += self._buckets_problems("mask_train_buckets", self.mask_positive_quota, "the positive quota")
+        if self.mask_train_buckets and self.mask_rois_per_image:
+            problems.append(
+                "mask_train_buckets keeps torchvision's mask loss and mask_rois_per_image subsamples it: set one"
+            )
+        return problems
+
+    def _buckets_problems(self, name: str, largest: int, largest_name: str) -> list[str]:
+        buckets = getattr(self, name)
+        if isinstance(buckets, list):  # e.g. from ``--set mask_detection_buckets=[8,32]``
+            object.__setattr__(self, name, buckets := tuple(buckets))
+        what = f"{name} {buckets!r}"
+        if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
+            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64)"]
         problems = []
         if any(n <= 0 for n in buckets):
             problems.append(f"{what} must be positive")
         if any(a >= b for a, b in itertools.pairwise(buckets)):
             problems.append(f"{what} must be strictly increasing")
-        if buckets and buckets[-1] > k:
-            problems.append(f"{what} must not exceed box_detections_per_img ({k}); a smaller last gets K appended")
+        if buckets and buckets[-1] > largest:
+            problems.append(f"{what} must not exceed {largest_name} ({largest}); a smaller last gets it appended")
         return problems
 
 

@@ -12,6 +12,8 @@ K = min(box_batch_size_per_image, P + G) candidates per image are sampled, posit
 mask branch takes the first int(box_batch_size_per_image * box_positive_fraction) sampled slots
 (the positive quota, capped at K): they hold every sampled positive, and the loss counts only
 those. ``mask_rois_per_image`` shortens that prefix to a random subset of the positives.
+:meth:`RoIHeads.box_loss` and :meth:`RoIHeads.mask_branch_loss` are the two halves, so that the mask
+branch can run on a shorter prefix that still holds every positive (``mask_train_buckets``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mrcnn.losses import fastrcnn_losses, mask_loss, mask_targets, masks_are_cro
 from mrcnn.mask_head import build_mask_modules, class_mask_logits, mask_logits, mask_probabilities, pooling_features
 from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
 from mrcnn.ops import multilevel_roi_align, nms_fixed, resolve_impl
-from mrcnn.structures import BoxDetections, Detections, Proposals, Targets
+from mrcnn.structures import BoxDetections, Detections, MaskTrainingRoIs, Proposals, Targets
 
 _MIN_DETECTION_SIZE = 1e-2  # torchvision's postprocess_detections remove_small_boxes
 
@@ -129,6 +131,15 @@ class RoIHeads(nn.Module):
         Returns ``loss_classifier``, ``loss_box_reg`` and ``loss_mask`` (scalars). ``image_valid``
         [B] bool leaves the padding slots of an incomplete batch out of every loss.
         """
+        losses, rois = self.box_loss(features, proposals, targets, image_valid)
+        losses["loss_mask"] = self.mask_branch_loss(features, targets, rois, canvas)
+        return losses
+
+    def box_loss(
+        self, features: list[Tensor], proposals: Proposals, targets: Targets, image_valid: Tensor | None = None
+    ) -> tuple[dict[str, Tensor], MaskTrainingRoIs]:
+        """Sampling and the box branch's losses -> (``loss_classifier`` and ``loss_box_reg``, the
+        mask branch's training slots [B, m]: the positive quota, or ``mask_rois_per_image``)."""
         cfg = self.cfg
         dtype = proposals.boxes.dtype
         gt_boxes = targets.boxes.to(dtype)
@@ -161,16 +172,23 @@ class RoIHeads(nn.Module):
 
         # Positives fill the first slots in a uniformly random order, so the positive quota holds
         # every sampled positive and any shorter prefix a random subset of them.
-        m = min(int(cfg.box_batch_size_per_image * cfg.box_positive_fraction), idx.shape[1])
+        m = min(cfg.mask_positive_quota, idx.shape[1])
         if cfg.mask_rois_per_image:
             m = min(m, cfg.mask_rois_per_image)
-        if m == 0:  # static: a config without positives has no mask loss to learn
-            losses["loss_mask"] = class_logits.sum() * 0.0
-            return losses
-        mask_rois, weight, mask_labels = rois[:, :m], samples.positive[:, :m], roi_labels[:, :m]
+        return losses, MaskTrainingRoIs(rois[:, :m], roi_labels[:, :m], roi_gt[:, :m], samples.positive[:, :m])
+
+    def mask_branch_loss(
+        self, features: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: tuple[int, int]
+    ) -> Tensor:
+        """features: P2..P5; padded targets; the mask branch's training slots [B, n] (any prefix of
+        :meth:`box_loss`'s that holds every positive gives the same value) -> ``loss_mask``."""
+        cfg = self.cfg
+        if rois.boxes.shape[1] == 0:  # static: a config without positives has no mask loss to learn
+            return sum(f.sum() for f in features) * 0.0
         with torch.no_grad():
             cropped = masks_are_cropped(targets, cfg, canvas)
-            target = mask_targets(targets.masks, gt_boxes, roi_gt[:, :m], mask_rois, cfg.mask_size, cropped)
-        logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, mask_rois)
-        losses["loss_mask"] = mask_loss(class_mask_logits(logits, mask_labels), target, weight)
-        return losses
+            target = mask_targets(
+                targets.masks, targets.boxes.to(rois.boxes.dtype), rois.gt_index, rois.boxes, cfg.mask_size, cropped
+            )
+        logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, rois.boxes)
+        return mask_loss(class_mask_logits(logits, rois.labels), target, rois.positive)

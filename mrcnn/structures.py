@@ -85,3 +85,20 @@ class Detections(NamedTuple):
     labels: Tensor
     masks: Tensor
     valid: Tensor
+
+
+class MaskTrainingRoIs(NamedTuple):
+    """The mask branch's training slots: the first m of the box sampler's, sampled positives first.
+
+    boxes:    [B, m, 4] float, canvas coordinates; an empty box in padding slots
+    labels:   [B, m] int64, the matched ground truth's class (0 where not positive)
+    gt_index: [B, m] int64, the matched ground-truth slot
+    positive: [B, m] bool, the slots the mask loss counts
+
+    Any prefix that holds every image's positives gives the same mask loss.
+    """
+
+    boxes: Tensor
+    labels: Tensor
+    gt_index: Tensor
+    positive: Tensor

@@ -14,7 +14,8 @@ import torch._dynamo
 from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
-from mrcnn.model import MaskRCNN, StagedDetector, mask_bucket
+from mrcnn.model import MaskRCNN
+from mrcnn.staged import StagedDetector, mask_bucket
 from mrcnn.structures import Detections, ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images

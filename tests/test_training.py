@@ -318,6 +318,24 @@ def test_loss_parity_with_torchvision(parity_setup, parity_reference, tiny_weigh
 
 
 @pytest.mark.slow
+def test_loss_parity_with_mask_train_buckets(parity_setup, parity_reference, tiny_weights):
+    """Buckets on (``mask_train_buckets``): the mask head trains on fewer slots than the positive
+    quota and every loss and head gradient is still torchvision's within 1e-4. Both samplers take
+    every candidate here, so both models train on the same RoIs."""
+    cfg, images, per_image = parity_setup
+    cfg = cfg.replace(mask_train_buckets=(8, 16, 32, 64))
+    canvas = to_image_batch(images, cfg).tensors.shape[-2:]
+    model = load_torchvision_weights(MaskRCNN(cfg), tiny_weights).train()
+    seen = []
+    model.roi_heads.mask_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    losses = model(to_image_batch(images, cfg), pad_targets(per_image, 8, tuple(canvas)))
+    sum(losses.values()).backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert seen and seen[0] // len(images) < cfg.mask_positive_quota, (seen, cfg.mask_positive_quota)
+    assert_parity({k: v.detach() for k, v in losses.items()}, grads, *parity_reference)
+
+
+@pytest.mark.slow
 def test_loss_parity_with_an_empty_image(parity_setup, tiny_weights):
     """An image without ground truth is ordinary input: all background, as in torchvision."""
     cfg, images, per_image = parity_setup
@@ -530,24 +548,29 @@ def test_compiled_training_forward_has_one_graph_over_gt_counts(tiny_cfg):
 @pytest.mark.slow
 @pytest.mark.xla
 def test_xla_training_steps_compile_once(tiny_cfg):
-    """Forward + backward + SGD step on XLA: compile counts stay flat after the first step."""
+    """Forward + backward + SGD step on XLA, FPN trainable: compile counts stay flat after the first
+    step over 20 steps of varying ground truth, and no op falls back to the CPU."""
     if torch_xla is None:
         pytest.skip("torch_xla is not installed")
     import torch_xla.debug.metrics as met
 
-    # The backbone is frozen to keep the compile short here: with a trainable FPN the step also holds
-    # the backward of its nearest upsampling, which torch_xla 2.9 runs on the CPU (a fallback).
+    # The ResNet body is frozen to keep the compile short here; the FPN trains, so the step holds
+    # the backward of its nearest upsampling, which must lower (no CPU fallback op).
     cfg = small_cfg(tiny_cfg, trainable_backbone_layers=0)
     device = torch_xla.device()
     torch.manual_seed(0)
     model = MaskRCNN(cfg).train()
-    model.backbone.requires_grad_(False)
+    model.backbone.body.requires_grad_(False)
+    assert all(p.requires_grad for p in model.backbone.fpn.parameters())
     model = model.to(device)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.01, momentum=0.9)
     batch = to_image_batch(textured_images(SMALL_SIZES, seed=0), cfg)
     met.clear_all()
     counts_per_step, losses_per_step = [], []
-    for step, counts in enumerate(([2, 1], [0, 0], [4, 3], [1, 0], [3, 4], [0, 2])):
+    # 20 steps (the issue's count), ground truth from none to max_gt_instances (4) per image.
+    steps = [[2, 1], [0, 0], [4, 3], [1, 0], [3, 4], [0, 2]]
+    steps += torch.randint(0, 5, (14, 2), generator=torch.Generator().manual_seed(0)).tolist()
+    for step, counts in enumerate(steps):
         targets = random_targets(cfg, batch, counts, seed=step)
         check_targets(targets, cfg, batch)  # on the host, before the copy
         losses = model(ImageBatch(*(t.to(device) for t in batch)), Targets(*(t.to(device) for t in targets)))

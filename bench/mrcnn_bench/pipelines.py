@@ -70,30 +70,37 @@ def register_pipeline(name: str) -> Callable[[Builder], Builder]:
 
 
 def _staged(model: nn.Module, case: Case) -> bool:
-    """Static inference with ``mask_detection_buckets`` in the config: the forward to time is
-    ``mrcnn.model.StagedDetector`` (box stage, host read of the counts, mask stage on a bucket),
-    as ``MaskRCNN.predict`` runs it, rather than the single graph."""
-    cfg = getattr(model, "cfg", None)
-    buckets = getattr(cfg, "mask_detection_buckets", ())
-    return case.interface == "static" and case.phase == "inference" and bool(buckets)
+    """A static case whose config has mask buckets for its phase: the forward to time is the two
+    stages of ``mrcnn.staged`` (first stage, host read of the counts, mask branch on a bucket), as
+    ``MaskRCNN.predict`` and the library's training run them, rather than the single graph.
+    Inference reads ``mask_detection_buckets``, training ``mask_train_buckets``."""
+    field = "mask_train_buckets" if case.phase == "training" else "mask_detection_buckets"
+    return case.interface == "static" and bool(getattr(getattr(model, "cfg", None), field, ()))
 
 
-def _staged_detector(model: nn.Module, compiled: bool, warm_ahead: bool) -> Callable[[ImageBatch], Detections]:
+def _staged_forward(model: nn.Module, case: Case, compiled: bool, warm_ahead: bool) -> Callable[..., Any]:
     """``warm_ahead``: every bucket's graph of a canvas is built at its first call (compiled and XLA
     rows), so the graphs a row builds, and whether one is built in a timed round, never depend on
     how many objects the images hold."""
-    # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it,
-    # and only configs with mask_detection_buckets, which such a checkout rejects, reach this.
-    from mrcnn.model import StagedDetector
-
-    return StagedDetector.compiled(model, warm_ahead) if compiled else StagedDetector(model, warm_ahead=warm_ahead)
+    if case.phase == "training":
+        # Imported here: a checkout compared against (worker rows import its mrcnn) may predate
+        # it, and only configs with mask_train_buckets, which such a checkout rejects, reach this.
+        from mrcnn.staged import StagedTrainer as Staged
+    else:
+        try:
+            # Imported here: as above, for configs with mask_detection_buckets.
+            from mrcnn.staged import StagedDetector as Staged
+        except ImportError:
+            # Imported here: checkouts from before mrcnn.staged kept the class in mrcnn.model.
+            from mrcnn.model import StagedDetector as Staged  # type: ignore[attr-defined,no-redef]
+    return Staged.compiled(model, warm_ahead) if compiled else Staged(model, warm_ahead=warm_ahead)
 
 
 @register_pipeline("eager")
 def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """The model as it is (on XLA, traced lazily). With mask buckets, its two stages."""
     if _staged(model, case):
-        return Compiled(_staged_detector(model, compiled=False, warm_ahead=case.backend == "xla"))
+        return Compiled(_staged_forward(model, case, compiled=False, warm_ahead=case.backend == "xla"))
     return Compiled(model)
 
 
@@ -101,10 +108,11 @@ def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
 def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """torch.compile. Static inference and every training forward in one graph (fullgraph);
     torchvision's inference breaks graphs by design. Backward goes through AOTAutograd. With mask
-    buckets, static inference compiles each stage instead (fullgraph, static shapes): one graph per
-    canvas for the box stage, one per (canvas, bucket) used for the mask stage."""
+    buckets, the static model compiles each stage instead (fullgraph, static shapes): one graph per
+    canvas for the first stage, one per (canvas, bucket) for the mask stage, all built at a
+    canvas's first call."""
     if _staged(model, case):
-        return Compiled(_staged_detector(model, compiled=True, warm_ahead=True), backends.dynamo_counters)
+        return Compiled(_staged_forward(model, case, compiled=True, warm_ahead=True), backends.dynamo_counters)
     if case.interface == "static":
         # dynamic=False: one specialised graph per canvas. By default dynamo turns the canvas's
         # height and width into symbols at the first recompile, and one graph with dynamic shapes

@@ -1,0 +1,224 @@
+"""Two-stage forms of the model, with the mask branch on a bucket of slots chosen on the host.
+
+The single graph (``MaskRCNN.forward``) runs the mask branch on a fixed number of slots whatever the
+batch holds: K detections at inference, the Q-slot positive quota in training. Here the first stage
+ends where the mask branch starts, one host read takes the batch's largest count (valid detections,
+or sampled positives), and the second stage runs on the smallest bucket of slots that holds it.
+Valid detections and sampled positives fill the first slots, so the outputs equal the single
+graph's. Each stage is a fixed-shape function: one graph per canvas for the first, one per
+(canvas, bucket) for the second when they are compiled.
+
+:class:`StagedDetector` is inference (``cfg.mask_detection_buckets``), :class:`StagedTrainer` the
+training forward (``cfg.mask_train_buckets``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mrcnn.config import Canvas, Config
+from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets
+
+Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+
+def mask_bucket(buckets: Sequence[int], count: int) -> int:
+    """The smallest of ``buckets`` (increasing) that holds ``count`` slots."""
+    for n in buckets:
+        if n >= count:
+            return n
+    raise ValueError(f"{count} slots exceed the largest mask bucket ({buckets[-1]})")
+
+
+def host_bucket(buckets: Sequence[int], filled: Tensor) -> int:
+    """filled [B, n] bool, filled slots first -> the bucket for the batch's largest count.
+
+    The one host read of a staged call. On XLA the pending graph runs first, with the count among
+    its outputs, so that the first stage's outputs stay on the device.
+    """
+    if not filled.numel():
+        return buckets[0]
+    count = filled.sum(1).max()
+    if count.device.type == "xla":
+        # Imported here: only XLA tensors need it, and the library runs without torch_xla.
+        import torch_xla
+
+        # Reading the count alone would leave the first stage to be computed again with the second.
+        torch_xla.sync()
+    # A copy to the host rather than int() on the device tensor: on XLA, .item() runs as a CPU
+    # fallback op (aten::_local_scalar_dense); the copy is a plain transfer.
+    return mask_bucket(buckets, int(count.cpu()))
+
+
+def mask_slot_prefix(rois: MaskTrainingRoIs, buckets: Sequence[int]) -> MaskTrainingRoIs:
+    """The mask branch's training slots cut to the smallest bucket that holds every positive."""
+    n = min(host_bucket(buckets, rois.positive), rois.boxes.shape[1])
+    return MaskTrainingRoIs(*(t[:, :n] for t in rois))
+
+
+def compile_stages(cfg: Config, buckets: Sequence[int], **options: Any) -> Wrap:
+    """A wrap that puts a stage under ``torch.compile(fullgraph=True, dynamic=False, **options)``.
+
+    ``dynamic=False`` keeps every bucket a static graph (dynamo's automatic dynamic shapes would
+    make the slot count symbolic at the second bucket). The second stage is one function compiled
+    up to canvases x buckets times, more than dynamo's default recompile limit (8), so the calls
+    raise that limit to the number of graphs the config can need.
+    """
+    # Imported here: dynamo's config, needed only by compiled stages, costs a second at import.
+    import torch._dynamo
+
+    options = {"fullgraph": True, "dynamic": False, **options}
+    graphs = len(cfg.canvases) * len(buckets)
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        compiled = torch.compile(fn, **options)
+
+        def call(*args: Any) -> Any:
+            limit = max(graphs, torch._dynamo.config.recompile_limit)
+            with torch._dynamo.config.patch(recompile_limit=limit):
+                return compiled(*args)
+
+        return call
+
+    return wrap
+
+
+def _identity(fn: Callable[..., Any]) -> Callable[..., Any]:
+    return fn
+
+
+class StagedDetector:
+    """ImageBatch -> Detections in two stages, the mask branch on a detection-count bucket.
+
+    Runs ``model.box_stage``, reads the largest valid count of the batch on the host (the one
+    sync), and runs ``model.mask_stage`` on the first n slots, n the smallest of
+    ``cfg.mask_buckets`` that holds it; the masks are padded back to K slots with zeros, so the
+    result has ``forward``'s shapes and equals it on every image of the batch that is not padding
+    (masks up to float rounding: the heads see fewer RoIs per call).
+
+    ``wrap`` wraps each stage (any function -> function); :meth:`compiled` is the
+    ``torch.compile`` form, with one static graph per canvas for the box stage and one per
+    (canvas, n) used for the mask stage. :meth:`warmup` builds them all ahead; ``warm_ahead``
+    builds every bucket of a canvas at its first batch instead, so that which graphs exist never
+    depends on how many objects the images hold. ``used`` counts the batches run on each
+    (canvas, n) so far.
+    """
+
+    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
+        # model: a mrcnn.model.MaskRCNN (not imported: the model imports this module).
+        self.model = model
+        self.buckets = model.cfg.mask_buckets
+        wrap = wrap or _identity
+        self.box_stage = wrap(model.box_stage)
+        self.mask_stage = wrap(model.mask_stage)
+        self.used: dict[tuple[Canvas, int], int] = {}
+        self.warm_ahead = warm_ahead
+        self._warm: set[Canvas] = set()
+
+    @classmethod
+    def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> StagedDetector:
+        """Both stages compiled (:func:`compile_stages`)."""
+        return cls(model, compile_stages(model.cfg, model.cfg.mask_buckets, **options), warm_ahead)
+
+    def __call__(self, batch: ImageBatch) -> Detections:
+        det, pooled = self.box_stage(batch)
+        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
+        if self.warm_ahead and canvas not in self._warm:
+            for n in self.buckets:
+                self._masks(pooled, det, n)
+            self._warm.add(canvas)
+        n = self.bucket(det.valid)
+        masks = self._masks(pooled, det, n)
+        self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
+        return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
+
+    def bucket(self, valid: Tensor) -> int:
+        """valid [B, K] -> the bucket for the batch (reads the counts on the host)."""
+        return host_bucket(self.buckets, valid)
+
+    def _masks(self, pooled: list[Tensor], det: BoxDetections, n: int) -> Tensor:
+        k = det.valid.shape[1]
+        masks = self.mask_stage(pooled, BoxDetections(*(t[:, :n] for t in det)))
+        return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
+
+    @torch.no_grad()
+    def warmup(self, canvases: Sequence[Canvas] | None = None, batch_size: int = 1) -> None:
+        """Run every (canvas, bucket) once on blank images (all of ``cfg.canvases`` by default), so
+        that compiled stages are built before the first real batch. Call it under the autocast the
+        real calls use, if any."""
+        cfg = self.model.cfg
+        device = next(self.model.parameters()).device
+        for h, w in canvases or cfg.canvases:
+            sizes = torch.tensor([[h, w]] * batch_size, device=device)
+            blank = ImageBatch(
+                torch.zeros(batch_size, 3, h, w, device=device),
+                sizes,
+                sizes,
+                torch.ones(batch_size, dtype=torch.bool, device=device),
+            )
+            det, pooled = self.box_stage(blank)
+            for n in self.buckets:
+                self._masks(pooled, det, n)
+
+
+class StagedTrainer:
+    """(ImageBatch, Targets) -> torchvision's five losses in two stages, the mask branch on a bucket.
+
+    Runs ``model.box_training_stage`` (RPN and box losses, sampling), reads the batch's largest
+    sampled-positive count on the host and runs ``model.mask_training_stage`` on the first n of the
+    Q slots, n the smallest of ``cfg.mask_train_slots`` that holds it. The losses, and so the
+    gradients, equal the single graph's: padded slots are out of the mask loss either way.
+
+    ``wrap`` wraps each stage; :meth:`compiled` is the ``torch.compile`` form, one static graph per
+    canvas for the first stage and one per (canvas, n) used for the second, each with its backward.
+    ``warm_ahead`` also runs the mask stage on every bucket of a canvas at its first batch (forward
+    and backward, gradients discarded), so that which graphs exist never depends on the ground
+    truth. ``used`` counts the batches run on each (canvas, n) so far.
+    """
+
+    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
+        # model: a mrcnn.model.MaskRCNN in training mode.
+        self.model = model
+        self.buckets = model.cfg.mask_train_slots
+        wrap = wrap or _identity
+        self.box_stage = wrap(model.box_training_stage)
+        self.mask_stage = wrap(model.mask_training_stage)
+        self.used: dict[tuple[Canvas, int], int] = {}
+        self.warm_ahead = warm_ahead
+        self._warm: set[Canvas] = set()
+
+    @classmethod
+    def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> StagedTrainer:
+        """Both stages compiled (:func:`compile_stages`)."""
+        return cls(model, compile_stages(model.cfg, model.cfg.mask_train_slots, **options), warm_ahead)
+
+    def __call__(self, batch: ImageBatch, targets: Targets) -> dict[str, Tensor]:
+        losses, pooled, rois, targets = self.box_stage(batch, targets)
+        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
+        if self.warm_ahead and canvas not in self._warm:
+            self._warm_buckets(pooled, targets, rois, canvas)
+            self._warm.add(canvas)
+        rois = mask_slot_prefix(rois, self.buckets)
+        n = rois.boxes.shape[1]
+        self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
+        return {**losses, "loss_mask": self.mask_stage(pooled, targets, rois, canvas)}
+
+    def _warm_buckets(self, pooled: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: Canvas) -> None:
+        """Every bucket's forward and backward once, on detached features: no gradient reaches the
+        first stage, and the mask head's gradients are put back as they were."""
+        params = [p for p in self.model.roi_heads.parameters() if p.requires_grad]
+        saved = [p.grad for p in params]
+        detached = [f.detach().requires_grad_(f.requires_grad) for f in pooled]
+        for n in self.buckets:
+            if n > rois.boxes.shape[1]:
+                continue
+            loss = self.mask_stage(detached, targets, MaskTrainingRoIs(*(t[:, :n] for t in rois)), canvas)
+            if loss.requires_grad:
+                loss.backward()
+        for p, g in zip(params, saved):
+            p.grad = g
