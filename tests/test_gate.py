@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from mrcnn_bench import cli, gate
 from mrcnn_bench.cases import QUICK, parse_cases
@@ -220,3 +221,20 @@ def test_an_unexpected_exception_is_an_internal_error(tmp_path, monkeypatch, cap
     monkeypatch.setenv(cli.DEBUG_ENV, "1")
     assert cli.main(["report", "x.json"]) == 3
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_training_probe_steps_on_each_ground_truth_mix():
+    """The gate's training steps: TRAIN_BATCH samples per mix of GATE_TRAIN_COUNTS, the same image
+    cut to each count (every per-object field), so sampled positives and buckets vary by step."""
+    from mrcnn_bench.cases import TRAIN_BATCH
+    from mrcnn_bench.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, training_mixes
+
+    samples = training_mixes(GATE_SIZES[0])
+    assert TRAIN_BATCH == 2 and len(samples) == TRAIN_BATCH * len(GATE_TRAIN_COUNTS)
+    counts = [len(t["labels"]) for _, t in samples]
+    assert counts == [n for mix in GATE_TRAIN_COUNTS for n in mix]
+    assert 0 in counts and len(set(counts)) > 3
+    for _, target in samples:
+        n = len(target["labels"])
+        assert len(target["boxes"]) == len(target["masks"]) == len(target["iscrowd"]) == n
+    assert all(torch.equal(image, samples[0][0]) for image, _ in samples)

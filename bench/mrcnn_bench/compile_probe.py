@@ -1,10 +1,11 @@
 """The gate's compile measurement of one case: ``python -m mrcnn_bench.compile_probe CASE PRESET OUT.json [FAULT]``.
 
-:func:`measure_case` calls the case once per size of :data:`GATE_SIZES` and reads its compile
-counters after each call. ``mrcnn-bench gate`` runs it in a fresh subprocess per case, so counters
-start at zero and torch_xla's debug output (``PT_XLA_DEBUG_LEVEL=2``) is the case's own, which
-:func:`xla_compile_causes` reads back; asv calls :func:`measure_case` in its own benchmark
-process. ``FAULT`` (``recompile``) is test-only.
+:func:`measure_case` calls the case once per size of :data:`GATE_SIZES` (a training case: one step
+per ground-truth mix of :data:`GATE_TRAIN_COUNTS`) and reads its compile counters after each call.
+``mrcnn-bench gate`` runs it in a fresh subprocess per case, so counters start at zero and
+torch_xla's debug output (``PT_XLA_DEBUG_LEVEL=2``) is the case's own, which
+:func:`xla_compile_causes` reads back; asv calls :func:`measure_case` in its own benchmark process.
+``FAULT`` (``recompile``) is test-only.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import torch
 
 import mrcnn.transform
 from mrcnn.config import Config, get_config
+from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import synthetic_weights, textured_images
 from mrcnn_bench import defaults
 from mrcnn_bench.backends import dynamo_reasons
-from mrcnn_bench.cases import CASES, Row, Workload
-from mrcnn_bench.context import Context
+from mrcnn_bench.cases import CASES, TRAIN_BATCH, Row, Workload
+from mrcnn_bench.context import Context, Sample, training_samples
 from mrcnn_bench.pipelines import Pipeline
 from mrcnn_bench.probes import case_flops
 
@@ -34,15 +36,21 @@ from mrcnn_bench.probes import case_flops
 # Their aspect ratios differ, so resized they are 320 x 369..426: padded tightly (as torchvision pads)
 # they would make three shapes. A static model compiles once per canvas bucket, whatever the sizes.
 GATE_SIZES = ((240, 320), (250, 300), (260, 300), (270, 330), (230, 300), (320, 240), (300, 250))
+# Training cases: one SGD step per pair of ground-truth counts (images of GATE_SIZES[0], one canvas:
+# a new canvas is the inference cases' test, and each training graph costs a minute to compile).
+# None and few objects, the most the samples hold, and mixes: the sampled positives, and so the
+# mask-RoI bucket of a bucketed case, vary from step to step.
+GATE_TRAIN_COUNTS = ((2, 1), (0, 0), (11, 3), (1, 0), (5, 11), (0, 2))
 MEASURE_THREADS = max(1, min(2, os.cpu_count() or 1))  # counts do not depend on it; compile time does
 CALL_LOG_PREFIX = "mrcnn-bench gate: call"  # the line before each call: the gate finds XLA's reports by it
 
 
 def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict[str, Any]:
-    """Compile counters of one case after one call per size of :data:`GATE_SIZES` (this process).
+    """Compile counters of one case after one call per size of :data:`GATE_SIZES` (this process);
+    a training case: one SGD step per mix of :data:`GATE_TRAIN_COUNTS`.
 
     Returns the counters after the last call, ``per_call`` (the counters after each call, with its
-    image size), ``flops`` (eager CPU) and, for inductor, dynamo's ``reasons``.
+    image size or, training, its objects per image), ``flops`` (eager CPU) and, for inductor, dynamo's ``reasons``.
     """
     if inject == "recompile":
         _inject_recompile()
@@ -51,25 +59,49 @@ def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict
     torch.set_num_threads(MEASURE_THREADS)
     case = CASES[case_name]
     cfg = get_config(preset)
+    training = case.phase == "training"
+    train = training_mixes(GATE_SIZES[0]) if training else []
+    torch.manual_seed(0)
     ctx = Context(preset, {}, Workload(preset, GATE_SIZES[0]), synthetic_weights(cfg, seed=0),
-                  textured_images(GATE_SIZES, seed=3), [], torch.get_num_threads(), 0)
+                  textured_images(GATE_SIZES, seed=3), train, torch.get_num_threads(), 0,
+                  MaskRCNN(cfg).state_dict() if training else {})
     pipeline = Pipeline(Row(case), ctx)
     pipeline.setup()
     start = pipeline.counters()
     calls = []
-    for i, img in enumerate(ctx.images):
-        shape = list(to_image_batch([img], cfg).tensors.shape)  # what the model is given
-        print(f"{CALL_LOG_PREFIX} {i + 1} on image {tuple(img.shape[-2:])} -> model input {shape}",
-              file=sys.stderr, flush=True)
+    inputs = [(list(GATE_SIZES[0]), counts) for counts in GATE_TRAIN_COUNTS] if training else [
+        (list(img.shape[-2:]), None) for img in ctx.images]
+    for i, (size, counts) in enumerate(inputs):
+        images = [torch.zeros(3, *size)] * (TRAIN_BATCH if training else 1)
+        shape = list(to_image_batch(images, cfg).tensors.shape)  # what the model is given
+        what = f"objects {counts}" if training else f"image {tuple(size)}"
+        print(f"{CALL_LOG_PREFIX} {i + 1} on {what} -> model input {shape}", file=sys.stderr, flush=True)
         pipeline.call(i)
         now = pipeline.counters()
-        calls.append({"image": list(img.shape[-2:]), **{k: now[k] - start.get(k, 0) for k in now}})
-    out: dict[str, Any] = {k: v for k, v in calls[-1].items() if k != "image"}
+        key = {"objects": list(counts)} if training else {"image": size}
+        calls.append({**key, **{k: now[k] - start.get(k, 0) for k in now}})
+    out: dict[str, Any] = {k: v for k, v in calls[-1].items() if k not in ("image", "objects")}
     out["per_call"] = calls
     out["flops"] = case_flops(Row(case), ctx)
     if case.compiler == "inductor":
         out["reasons"] = dynamo_reasons()
     return out
+
+
+def training_mixes(size: tuple[int, int]) -> list[Sample]:
+    """Training samples at ``size``, two per step of :data:`GATE_TRAIN_COUNTS`: the bench's synthetic
+    samples cut to each count of objects (the first n of their ground truth)."""
+    most = max(max(c) for c in GATE_TRAIN_COUNTS)
+    pool = [s for s in training_samples(size, 4, seed=3) if len(s[1]["labels"]) >= most]
+    if not pool:
+        raise RuntimeError(f"no synthetic training sample at {size} holds {most} objects; change GATE_TRAIN_COUNTS")
+    image, target = pool[0]
+    objects = len(target["labels"])
+
+    def first(n: int) -> dict[str, Any]:  # every per-object field (boxes, labels, masks, iscrowd, ...)
+        return {k: v[:n] if torch.is_tensor(v) and v.ndim and len(v) == objects else v for k, v in target.items()}
+
+    return [(image, first(n)) for counts in GATE_TRAIN_COUNTS for n in counts]
 
 
 def _inject_recompile() -> None:

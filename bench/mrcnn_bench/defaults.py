@@ -21,5 +21,7 @@ ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
 TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
 
 # mrcnn-bench gate
-GATE_CASES = ("static/inductor", "static/xla", "static/inductor+buckets")  # compile-count cases of a new baseline
+# The compile-count cases of a new baseline: inference under inductor and on XLA, the mask branch's
+# detection buckets, and training with mask-RoI buckets (steps of varying ground truth).
+GATE_CASES = ("static/inductor", "static/xla", "static/inductor+buckets", "static/inductor-train+buckets")
 INJECTIONS = ("recompile",)  # faults the compile gate can inject to show that it fails

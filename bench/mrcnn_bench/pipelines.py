@@ -35,8 +35,8 @@ from mrcnn.structures import Detections, ImageBatch, Targets
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights
 from mrcnn_bench import backends
-from mrcnn_bench.cases import COMPILERS, IMPLEMENTATIONS, Case, Row
-from mrcnn_bench.context import Context
+from mrcnn_bench.cases import COMPILERS, IMPLEMENTATIONS, TRAIN_BATCH, Case, Row
+from mrcnn_bench.context import Context, Sample
 from mrcnn_bench.slowdown import inject_slowdown
 
 Outputs = list[dict[str, Tensor]]  # torchvision-style, one dict per image (boxes, labels, scores, masks)
@@ -281,25 +281,26 @@ class Pipeline:
     # -- training --------------------------------------------------------------------------------
 
     def _training_step(self, forward: Callable[..., dict[str, Tensor]]) -> Callable[[int], dict[str, float]]:
-        """One SGD step (torchvision reference settings, lr 0.002) on the run's training samples."""
+        """One SGD step (torchvision reference settings, lr 0.002) on the run's training samples.
+
+        The samples form batches of ``TRAIN_BATCH`` in order; call ``index`` steps on batch
+        ``index % batches`` (timed runs hold one batch; the gate's probe one per ground-truth mix).
+        """
         dev, samples = self.device, self.ctx.train_samples
         assert self.model is not None
         # Built here rather than by the library's training code, whose layout differs between the
         # commits that compare runs: one group over the trainable parameters, decay on all.
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
-        if self.case.interface == "torchvision":
-            images = [img.float().div(255).to(dev) for img, _ in samples]
-            targets = [{k: t[k].to(dev) for k in ("boxes", "labels", "masks")} for _, t in samples]
-            inputs: tuple[Any, ...] = (images, targets)
-        else:
-            batch, targets_, _ = collate(samples, self.cfg)
-            inputs = (ImageBatch(*(t.to(dev) for t in batch)), Targets(*(t.to(dev) for t in targets_)))
+        if not samples:
+            raise ValueError(f"{self.case.name}: a training row needs training samples (none in the run's context)")
+        batches = [samples[i : i + TRAIN_BATCH] for i in range(0, len(samples), TRAIN_BATCH)]
+        inputs = [self._training_inputs(b) for b in batches]
 
-        def step(_index: int) -> dict[str, float]:
+        def step(index: int) -> dict[str, float]:
             optimizer.zero_grad(set_to_none=True)
             with self._autocast():
-                losses = forward(*inputs)
+                losses = forward(*inputs[index % len(inputs)])
             total = sum(losses.values())
             total.backward()
             optimizer.step()
@@ -307,3 +308,13 @@ class Pipeline:
             return {"loss": float(total.detach())}
 
         return step
+
+    def _training_inputs(self, samples: list[Sample]) -> tuple[Any, ...]:
+        """A batch of samples -> the model's training arguments on the device."""
+        dev = self.device
+        if self.case.interface == "torchvision":
+            images = [img.float().div(255).to(dev) for img, _ in samples]
+            targets = [{k: t[k].to(dev) for k in ("boxes", "labels", "masks")} for _, t in samples]
+            return images, targets
+        batch, targets_, _ = collate(samples, self.cfg)
+        return ImageBatch(*(t.to(dev) for t in batch)), Targets(*(t.to(dev) for t in targets_))
