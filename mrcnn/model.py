@@ -30,7 +30,7 @@ from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
 from mrcnn.staged import StagedDetector, mask_slot_prefix
-from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets
+from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 from mrcnn.transform import group_by_canvas, to_image_batch
 
 
@@ -54,7 +54,9 @@ class MaskRCNN(nn.Module):
         Training mode needs ``targets`` (padded, canvas coordinates; see
         :class:`~mrcnn.structures.Targets`) and returns torchvision's losses as scalars:
         ``loss_objectness``, ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg``,
-        ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does.
+        ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does. With
+        ``cfg.mask_train_buckets`` an eager call trains the mask branch on the smallest bucket of
+        slots that holds the batch's sampled positives (same losses; one host read).
 
         Targets on the CPU are validated here (:func:`mrcnn.losses.check_targets`) unless the call
         is being compiled; validate on the host before moving a batch to an accelerator.
@@ -180,7 +182,3 @@ class MaskRCNN(nn.Module):
                 results[i] = result
         return results
 
-
-def canvas_of(batch: ImageBatch) -> Canvas:
-    """The (height, width) of the batch's canvas."""
-    return (batch.tensors.shape[-2], batch.tensors.shape[-1])

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mrcnn.config import Canvas, Config
-from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets
+from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -127,7 +127,7 @@ class StagedDetector:
 
     def __call__(self, batch: ImageBatch) -> Detections:
         det, pooled = self.box_stage(batch)
-        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
+        canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             for n in self.buckets:
                 self._masks(pooled, det, n)
@@ -199,7 +199,7 @@ class StagedTrainer:
 
     def __call__(self, batch: ImageBatch, targets: Targets) -> dict[str, Tensor]:
         losses, pooled, rois, targets = self.box_stage(batch, targets)
-        canvas = (int(batch.tensors.shape[-2]), int(batch.tensors.shape[-1]))
+        canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             self._warm_buckets(pooled, targets, rois, canvas)
             self._warm.add(canvas)

@@ -27,6 +27,11 @@ class ImageBatch(NamedTuple):
     valid: Tensor
 
 
+def canvas_of(batch: ImageBatch) -> tuple[int, int]:
+    """The (height, width) of the batch's canvas."""
+    return (batch.tensors.shape[-2], batch.tensors.shape[-1])
+
+
 class Targets(NamedTuple):
     """Ground truth padded to ``max_gt_instances`` (G) per image, in canvas coordinates.
 

@@ -43,7 +43,7 @@ from mrcnn.recipes import get_recipe
 from mrcnn_bench import ab, defaults
 from mrcnn_bench.accuracy_baseline import default_baseline_path, load_baseline
 from mrcnn_bench.cases import Case, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.compile_probe import GATE_SIZES, MEASURE_THREADS, jsonable, xla_compile_causes
+from mrcnn_bench.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, MEASURE_THREADS, jsonable, xla_compile_causes
 from mrcnn_bench.runner import RunOptions
 from mrcnn_bench.store import REPO, environment, git
 
@@ -312,7 +312,9 @@ def measure_all(opts: GateOptions, cases: list[Case]) -> tuple[dict[str, Any], l
     failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="mrcnn-gate-") as tmp:
         for case in cases:
-            print(f"gate: measuring compile counts of {case.name} over {len(GATE_SIZES)} image sizes",
+            inputs = (f"{len(GATE_TRAIN_COUNTS)} training steps" if case.phase == "training"
+                      else f"{len(GATE_SIZES)} image sizes")
+            print(f"gate: measuring compile counts of {case.name} over {inputs}",
                   file=sys.stderr)
             try:
                 m = measured[case.name] = measure(case.name, opts.preset, opts.inject, Path(tmp))
