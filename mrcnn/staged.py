@@ -15,7 +15,7 @@ training forward (``cfg.mask_train_buckets``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +92,36 @@ def _identity(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-class StagedDetector:
+class _Staged:
+    """Two wrapped stages of a model and the bookkeeping of the buckets they ran on.
+
+    Subclasses name the model's two stage methods (``stages``) and the config's bucket sizes
+    (``buckets_field``, a Config property ending with the largest).
+    """
+
+    stages: tuple[str, str]
+    buckets_field: str
+
+    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
+        # model: a mrcnn.model.MaskRCNN (not imported: the model imports this module).
+        self.model = model
+        self.buckets: tuple[int, ...] = getattr(model.cfg, self.buckets_field)
+        wrap = wrap or _identity
+        self.first_stage, self.second_stage = (wrap(getattr(model, name)) for name in self.stages)
+        self.used: dict[tuple[Canvas, int], int] = {}  # batches run on each (canvas, bucket)
+        self.warm_ahead = warm_ahead
+        self._warm: set[Canvas] = set()
+
+    @classmethod
+    def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> Self:
+        """Both stages compiled (:func:`compile_stages`)."""
+        return cls(model, compile_stages(model.cfg, getattr(model.cfg, cls.buckets_field), **options), warm_ahead)
+
+    def _count(self, canvas: Canvas, n: int) -> None:
+        self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
+
+
+class StagedDetector(_Staged):
     """ImageBatch -> Detections in two stages, the mask branch on a detection-count bucket.
 
     Runs ``model.box_stage``, reads the largest valid count of the batch on the host (the one
@@ -109,24 +138,11 @@ class StagedDetector:
     (canvas, n) so far.
     """
 
-    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
-        # model: a mrcnn.model.MaskRCNN (not imported: the model imports this module).
-        self.model = model
-        self.buckets = model.cfg.mask_buckets
-        wrap = wrap or _identity
-        self.box_stage = wrap(model.box_stage)
-        self.mask_stage = wrap(model.mask_stage)
-        self.used: dict[tuple[Canvas, int], int] = {}
-        self.warm_ahead = warm_ahead
-        self._warm: set[Canvas] = set()
-
-    @classmethod
-    def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> StagedDetector:
-        """Both stages compiled (:func:`compile_stages`)."""
-        return cls(model, compile_stages(model.cfg, model.cfg.mask_buckets, **options), warm_ahead)
+    stages = ("box_stage", "mask_stage")
+    buckets_field = "mask_buckets"
 
     def __call__(self, batch: ImageBatch) -> Detections:
-        det, pooled = self.box_stage(batch)
+        det, pooled = self.first_stage(batch)
         canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             for n in self.buckets:
@@ -134,7 +150,7 @@ class StagedDetector:
             self._warm.add(canvas)
         n = self.bucket(det.valid)
         masks = self._masks(pooled, det, n)
-        self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
+        self._count(canvas, n)
         return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
 
     def bucket(self, valid: Tensor) -> int:
@@ -143,7 +159,7 @@ class StagedDetector:
 
     def _masks(self, pooled: list[Tensor], det: BoxDetections, n: int) -> Tensor:
         k = det.valid.shape[1]
-        masks = self.mask_stage(pooled, BoxDetections(*(t[:, :n] for t in det)))
+        masks = self.second_stage(pooled, BoxDetections(*(t[:, :n] for t in det)))
         return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
 
     @torch.no_grad()
@@ -161,12 +177,12 @@ class StagedDetector:
                 sizes,
                 torch.ones(batch_size, dtype=torch.bool, device=device),
             )
-            det, pooled = self.box_stage(blank)
+            det, pooled = self.first_stage(blank)
             for n in self.buckets:
                 self._masks(pooled, det, n)
 
 
-class StagedTrainer:
+class StagedTrainer(_Staged):
     """(ImageBatch, Targets) -> torchvision's five losses in two stages, the mask branch on a bucket.
 
     Runs ``model.box_training_stage`` (RPN and box losses, sampling), reads the batch's largest
@@ -181,32 +197,19 @@ class StagedTrainer:
     truth. ``used`` counts the batches run on each (canvas, n) so far.
     """
 
-    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
-        # model: a mrcnn.model.MaskRCNN in training mode.
-        self.model = model
-        self.buckets = model.cfg.mask_train_slots
-        wrap = wrap or _identity
-        self.box_stage = wrap(model.box_training_stage)
-        self.mask_stage = wrap(model.mask_training_stage)
-        self.used: dict[tuple[Canvas, int], int] = {}
-        self.warm_ahead = warm_ahead
-        self._warm: set[Canvas] = set()
-
-    @classmethod
-    def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> StagedTrainer:
-        """Both stages compiled (:func:`compile_stages`)."""
-        return cls(model, compile_stages(model.cfg, model.cfg.mask_train_slots, **options), warm_ahead)
+    stages = ("box_training_stage", "mask_training_stage")
+    buckets_field = "mask_train_slots"
 
     def __call__(self, batch: ImageBatch, targets: Targets) -> dict[str, Tensor]:
-        losses, pooled, rois, targets = self.box_stage(batch, targets)
+        losses, pooled, rois, targets = self.first_stage(batch, targets)
         canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             self._warm_buckets(pooled, targets, rois, canvas)
             self._warm.add(canvas)
         rois = mask_slot_prefix(rois, self.buckets)
         n = rois.boxes.shape[1]
-        self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
-        return {**losses, "loss_mask": self.mask_stage(pooled, targets, rois, canvas)}
+        self._count(canvas, n)
+        return {**losses, "loss_mask": self.second_stage(pooled, targets, rois, canvas)}
 
     def _warm_buckets(self, pooled: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: Canvas) -> None:
         """Every bucket's forward and backward once, on detached features: no gradient reaches the
@@ -217,7 +220,7 @@ class StagedTrainer:
         for n in self.buckets:
             if n > rois.boxes.shape[1]:
                 continue
-            loss = self.mask_stage(detached, targets, MaskTrainingRoIs(*(t[:, :n] for t in rois)), canvas)
+            loss = self.second_stage(detached, targets, MaskTrainingRoIs(*(t[:, :n] for t in rois)), canvas)
             if loss.requires_grad:
                 loss.backward()
         for p, g in zip(params, saved):
