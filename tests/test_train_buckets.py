@@ -128,3 +128,24 @@ def test_compiled_stages_build_one_graph_per_canvas_and_bucket(tiny_cfg):
     assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert len(trainer.used) >= 2, trainer.used  # the steps used more than one bucket
+
+
+def test_run_counts_flops_per_config_override(monkeypatch):
+    """A row whose case overrides the config (mask buckets) does other work than the same case
+    without: its FLOPs are counted on its own, not taken from that row."""
+    from mrcnn_bench import row_extras
+    from mrcnn_bench.cases import CASES, Row
+    from mrcnn_bench.records import RowResult
+
+    counted = []
+
+    def fake_flops(row, ctx):
+        counted.append(row.case.name)
+        return 100.0 if row.case.overrides else 300.0
+
+    monkeypatch.setattr(row_extras, "case_flops", fake_flops)
+    results = [RowResult(Row(CASES[name]), status="ok") for name in (
+        "static/train", "static/train+buckets", "static/inductor-train", "static/inductor-train+buckets")]
+    row_extras.count_row_flops(results, ctx=None, log=print)
+    assert [r.flops for r in results] == [300.0, 100.0, 300.0, 100.0]
+    assert counted == ["static/train", "static/train+buckets"]  # once per (impl, phase, overrides)

@@ -305,7 +305,9 @@ class Pipeline:
             total.backward()
             optimizer.step()
             backends.sync(dev)
-            return {"loss": float(total.detach())}
+            # A copy, not float() of the device tensor: on XLA, .item() runs as a CPU fallback op
+            # (aten::_local_scalar_dense), which the row would count as the model's.
+            return {"loss": float(total.detach().cpu())}
 
         return step
 

@@ -27,12 +27,13 @@ Log = Callable[[str], None]  # the run's log line (mrcnn_bench.runner.log)
 
 
 def count_row_flops(results: list[RowResult], ctx: Context, log: Log) -> None:
-    """FLOPs per call, counted once per (implementation, phase, variant) on the eager CPU model."""
+    """FLOPs per call, counted once per (implementation, phase, config overrides, variant) on the
+    eager CPU model: a case's overrides (mask buckets) change the work a call does."""
     cache: dict[tuple, float] = {}
     for r in results:
         if r.row.variant.code is not None or r.status != "ok":
             continue  # other code is counted in its own process only
-        key = (r.row.case.impl, r.row.case.phase, r.row.variant)
+        key = (r.row.case.impl, r.row.case.phase, r.row.case.overrides, r.row.variant)
         if key not in cache:
             try:
                 cache[key] = case_flops(r.row, ctx)
