@@ -87,6 +87,21 @@ def test_every_ratio_against_torchvision_carries_its_interval():
     assert "95% CI" not in table.loc["static/xla", "target"]  # its goal is against static/eager
 
 
+def test_a_goal_whose_interval_holds_it_is_not_decided():
+    """Met only when the whole 95% interval meets the goal, missed only when none of it does: a
+    median on the met side with an interval across the goal reads 'not decided'."""
+    ref_times = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+    wide = [0.3, 0.4, 0.45, 0.5, 0.9, 1.0]  # median 0.475, interval across 0.5 (inductor's COCO goal)
+    records = [rec("torchvision/eager", ref_times), rec("static/inductor", wide),
+               rec("static/eager", [0.5 * t for t in ref_times]), rec("static/aoti", [0.9 * t for t in ref_times])]
+    for r in records:
+        r.preset = "coco_r50_fpn"
+    table = report.table_frame(records).set_index("row")
+    assert "not decided (the 95% CI holds the goal) (0.475x" in table.loc["static/inductor", "target"]
+    assert ": met (0.500x" in table.loc["static/eager", "target"]  # goal 0.85
+    assert ": missed (0.900x" in table.loc["static/aoti", "target"]  # goal 0.55
+
+
 def run_doc(name: str, workload: Workload, records: list[Record]) -> RunDocument:
     env = {k: "?" for k in ("torch", "torchvision", "torch_xla", "cpu", "gpu", "threads", "seed", "commit", "date",
                             "affinity")}

@@ -118,38 +118,60 @@ def _parity_ok(rec: Record) -> bool:
             >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
 
 
-def ratio_interval(rec: Record, ref: Record | None) -> str:
+def ratio_interval(rec: Record, ref: Record | None) -> tuple[float, float] | None:
     """95% bootstrap interval of the median per-round ratio to the reference row (rows timed in the
-    same rounds), as "[low, high]"; "" when the rounds cannot be paired or are too few."""
+    same rounds); None when the rounds cannot be paired or are too few."""
     if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
-        return ""
+        return None
     _, low, high = paired_ratio_ci(ref.times_s, rec.times_s)
-    return f"[{low:.3g}, {high:.3g}]"
+    return low, high
 
 
-def target_verdict(rec: Record, medians: dict[str, float], interval: str = "") -> str:
-    """The project's speed goal for this row's case and whether it was met (parity included), with
-    ``interval`` (the ratio's 95% interval, :func:`ratio_interval`) beside the ratio."""
+def interval_text(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else f"[{interval[0]:.3g}, {interval[1]:.3g}]"
+
+
+def _decision(ratio: float, goal: float, interval: tuple[float, float] | None) -> str:
+    """'met' or 'missed' for a time ratio against its goal (at most ``goal``), decided by the 95%
+    interval when there is one: 'not decided' when the interval holds the goal."""
+    if interval is None:
+        return "met" if ratio <= goal + 1e-9 else "missed"
+    low, high = interval
+    if high <= goal + 1e-9:
+        return "met"
+    if low > goal + 1e-9:
+        return "missed"
+    return "not decided (the 95% CI holds the goal)"
+
+
+def target_verdict(rec: Record, medians: dict[str, float], interval: tuple[float, float] | None = None) -> str:
+    """The project's speed goal for this row's case and whether it was met (parity included).
+
+    ``interval``: the time ratio's 95% interval to its reference (:func:`ratio_interval`). With it,
+    a goal is met only when the whole interval meets it and missed only when none of it does;
+    otherwise the run could not decide, and says so.
+    """
     target = speed_target(rec.case, rec.preset)
     if target is None:
         return ""
     base, factor = target
     if base not in (REFERENCE, TRAIN_REFERENCE):
-        interval = ""  # it is against torchvision: shown beside goals set against torchvision only
-    ci = f", 95% CI {interval}" if interval else ""
+        interval = None  # it is against torchvision: only goals set against torchvision use it
+    text_ci = interval_text(interval)
     base_med, med = medians.get(base, math.nan), median(rec)
     if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(med) or math.isnan(base_med):
             return f"{label}: not measured"
         speedup = base_med / med
-        step = f", step-time ratio 95% CI {interval}" if interval else ""
-        return f"{label}: {'met' if speedup >= 1 / factor - 1e-9 else 'missed'} ({speedup:.3f}x{step})"
+        step = f", step-time ratio 95% CI {text_ci}" if text_ci else ""
+        return f"{label}: {_decision(med / base_med, factor, interval)} ({speedup:.3f}x{step})"
     label = f"<= {factor:g}x {'tv' if base == REFERENCE else base}"
     if math.isnan(med) or math.isnan(base_med):
         return f"{label}: not measured"
     ratio = med / base_med
-    text = f"{label}: {'met' if ratio <= factor else 'missed'} ({ratio:.3f}x{ci})"
+    ci = f", 95% CI {text_ci}" if text_ci else ""
+    text = f"{label}: {_decision(ratio, factor, interval)} ({ratio:.3f}x{ci})"
     if base == REFERENCE and not _parity_ok(rec):
         text += ", parity FAILED" if not math.isnan(as_number(rec.parity_matched_ref)) else ", parity not checked"
     return text
@@ -178,7 +200,7 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "p90_s": tail(r, 0.90),
             "p99_s": tail(r, 0.99),
             "ratio_vs_tv": med / ref_med,
-            "ratio_ci95": interval,
+            "ratio_ci95": interval_text(interval),
             "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
             "first_pass_s": first_pass(r),
