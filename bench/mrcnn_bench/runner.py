@@ -258,16 +258,21 @@ def _call(r: RowResult, runner: RowRunner, index: int, first: bool = False) -> t
     return seconds, result
 
 
+TRAIN_WARMUP = 2  # training steps before round 1: the second is the first with the optimiser's state
+
+
 def warmup_calls(row: Row, opts: RunOptions, images: int | None = None) -> int:
     """How many warm-up calls (indices 0, 1, ...) a row gets before round 1; the rounds go on from there.
 
     At least ``opts.warmup``. An inference call ``i`` takes images ``i*b .. i*b+b-1`` modulo the
     ``images`` of the run (b images per call), so the inputs repeat every ``images / gcd(b, images)``
     calls: warming up that many compiles for every input (image, canvas) the rounds will use, so no
-    compilation lands in a timed round. A training step takes the same samples every call.
+    compilation lands in a timed round. A training step takes the same samples every call, but at
+    least two warm-up steps: the optimiser's state (SGD's momentum buffers) exists from the second
+    step on, and on XLA that step is a graph of its own (a compilation in round 1 otherwise).
     """
     if row.case.phase == "training":
-        return opts.warmup
+        return max(opts.warmup, TRAIN_WARMUP)
     n = opts.workload.images if images is None else images
     return max(opts.warmup, n // math.gcd(opts.workload.batch_size, n))
 
