@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from mrcnn_bench import benchmark_db, cli, store
-from mrcnn_bench.cases import speed_target
+from mrcnn_bench.goals import speed_target
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "results" / "runs" / "run_tiny.json"

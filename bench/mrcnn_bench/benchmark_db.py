@@ -20,7 +20,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE, speed_target
+from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.goals import speed_target
 from mrcnn_bench.records import Record, RunDocument
 from mrcnn_bench.report import table_frame
 

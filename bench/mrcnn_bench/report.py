@@ -23,13 +23,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from mrcnn_bench.cases import (
-    PARITY_MIN_MASK_IOU,
-    PARITY_MIN_MATCHED,
-    REFERENCE,
-    TRAIN_REFERENCE,
-    speed_target,
-)
+from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.goals import speed_target
 from mrcnn_bench.records import Record, RunDocument, as_number
 from mrcnn_bench.run_notes import images_text, notes
 from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci

@@ -10,7 +10,7 @@ import itertools
 import math
 import statistics
 
-from mrcnn_bench.cases import speed_target
+from mrcnn_bench.goals import speed_target
 from mrcnn_bench.records import RunDocument, RunInfo, as_number
 
 
