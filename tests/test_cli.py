@@ -83,7 +83,8 @@ def test_help_defaults_are_the_commands_constants(capsys):
     assert f"(default: {defaults.COMPARE_ROUNDS})" in compare_help
     assert "Mann-Whitney" not in cli.build_parser().format_help()
     gate_help = " ".join(parsers["gate"].format_help().split())
-    assert ",".join(defaults.GATE_CASES) in gate_help and "('" not in gate_help  # a list, not a Python tuple
+    # A list, not a Python tuple; spaced, so that argparse wraps between names, not inside one.
+    assert ", ".join(defaults.GATE_CASES) in gate_help and "('" not in gate_help
 
 
 def test_runner_and_compare_use_the_same_defaults():

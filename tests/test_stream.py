@@ -93,7 +93,8 @@ def test_warm_up_goes_over_every_image_of_the_stream(batch):
     assert warmed == {float(i) for i in range(workload.images)}  # every distinct image before round 1
     later = {float(x) for i in range(calls, calls + 40) for x in ctx.call_images(i)}
     assert later <= warmed
-    assert runner.warmup_calls(Row(CASES["static/train"]), opts, images=len(images)) == 1
+    # Training: the same samples every step, and two steps (the second has the optimiser's state).
+    assert runner.warmup_calls(Row(CASES["static/train"]), opts, images=len(images)) == runner.TRAIN_WARMUP
 
 
 def test_run_defaults_to_the_stream_and_keeps_a_fixed_size_on_request():

@@ -50,7 +50,7 @@ def add_gate_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"preset of the compile-count cases: {', '.join(sorted(PRESETS))} (default: %(default)s)")
     p.add_argument("--cases", default=None,
                    help="compile-count cases, comma list (default: the baseline's; "
-                        f"{','.join(defaults.GATE_CASES)} with --write-baseline)")
+                        f"{', '.join(defaults.GATE_CASES)} with --write-baseline)")
     p.add_argument("--baseline", default=None, help="compile baseline (default: results/baselines/gate_<preset>.json)")
     p.add_argument("--write-baseline", action="store_true",
                    help="record the measured counts as the baseline (from a tree clean outside results/)")
