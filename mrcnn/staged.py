@@ -55,10 +55,14 @@ def host_bucket(buckets: Sequence[int], filled: Tensor) -> int:
     return mask_bucket(buckets, int(count.cpu()))
 
 
+def first_slots(slots: Any, n: int) -> Any:
+    """The first n slots of every [B, K, ...] tensor of a slot NamedTuple (BoxDetections, MaskTrainingRoIs)."""
+    return type(slots)(*(t[:, :n] for t in slots))
+
+
 def mask_slot_prefix(rois: MaskTrainingRoIs, buckets: Sequence[int]) -> MaskTrainingRoIs:
     """The mask branch's training slots cut to the smallest bucket that holds every positive."""
-    n = min(host_bucket(buckets, rois.positive), rois.boxes.shape[1])
-    return MaskTrainingRoIs(*(t[:, :n] for t in rois))
+    return first_slots(rois, min(host_bucket(buckets, rois.positive), rois.boxes.shape[1]))
 
 
 def compile_stages(cfg: Config, buckets: Sequence[int], **options: Any) -> Wrap:
@@ -159,7 +163,7 @@ class StagedDetector(_Staged):
 
     def _masks(self, pooled: list[Tensor], det: BoxDetections, n: int) -> Tensor:
         k = det.valid.shape[1]
-        masks = self.second_stage(pooled, BoxDetections(*(t[:, :n] for t in det)))
+        masks = self.second_stage(pooled, first_slots(det, n))
         return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
 
     @torch.no_grad()
@@ -220,7 +224,7 @@ class StagedTrainer(_Staged):
         for n in self.buckets:
             if n > rois.boxes.shape[1]:
                 continue
-            loss = self.second_stage(detached, targets, MaskTrainingRoIs(*(t[:, :n] for t in rois)), canvas)
+            loss = self.second_stage(detached, targets, first_slots(rois, n), canvas)
             if loss.requires_grad:
                 loss.backward()
         for p, g in zip(params, saved):

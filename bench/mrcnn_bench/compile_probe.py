@@ -22,13 +22,12 @@ import torch
 
 import mrcnn.transform
 from mrcnn.config import Config, get_config
-from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import synthetic_weights, textured_images
 from mrcnn_bench import defaults
 from mrcnn_bench.backends import dynamo_reasons
 from mrcnn_bench.cases import CASES, TRAIN_BATCH, Row, Workload
-from mrcnn_bench.context import Context, Sample, training_samples
+from mrcnn_bench.context import Context, Sample, initial_weights, training_samples
 from mrcnn_bench.pipelines import Pipeline
 from mrcnn_bench.probes import case_flops
 
@@ -61,10 +60,9 @@ def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict
     cfg = get_config(preset)
     training = case.phase == "training"
     train = training_mixes(GATE_SIZES[0]) if training else []
-    torch.manual_seed(0)
     ctx = Context(preset, {}, Workload(preset, GATE_SIZES[0]), synthetic_weights(cfg, seed=0),
                   textured_images(GATE_SIZES, seed=3), train, torch.get_num_threads(), 0,
-                  MaskRCNN(cfg).state_dict() if training else {})
+                  initial_weights(cfg, 0) if training else {})
     pipeline = Pipeline(Row(case), ctx)
     pipeline.setup()
     start = pipeline.counters()

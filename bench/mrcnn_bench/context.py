@@ -84,11 +84,16 @@ def make_context(opts: ContextOptions) -> tuple[Context, str]:
     train_weights: dict[str, Tensor] = {}
     if opts.need_training:
         train = training_samples(workload.image_size, TRAIN_BATCH, seed)
-        torch.manual_seed(seed)
-        train_weights = MaskRCNN(cfg).state_dict()
+        train_weights = initial_weights(cfg, seed)
     ctx = Context(workload.preset, dict(opts.overrides), workload, state, images, train, opts.threads, seed,
                   train_weights)
     return ctx, desc
+
+
+def initial_weights(cfg: Config, seed: int) -> dict[str, Tensor]:
+    """The seeded random init the training rows start from (MaskRCNN's own initialisation)."""
+    torch.manual_seed(seed)
+    return MaskRCNN(cfg).state_dict()
 
 
 def training_samples(size: tuple[int, int], count: int, seed: int) -> list[Sample]:
