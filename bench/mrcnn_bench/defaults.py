@@ -15,7 +15,7 @@ REPORT_OUT = "results/report"  # not under results/html, which `asv publish` emp
 
 # mrcnn-bench compare (live) and the gate's latency check
 COMPARE_CASES = "static/eager"
-COMPARE_ROUNDS = 25  # measured for the previous rule: see results/latency_gate and stats' docstring
+COMPARE_ROUNDS = 25  # the fewest meeting the error-rate goals: results/latency_gate_live/error_rates.md
 THRESHOLD = 0.05  # relative slowdown that counts as a regression
 ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
 TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
