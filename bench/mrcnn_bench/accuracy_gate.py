@@ -14,7 +14,7 @@ Command line::
     mrcnn-bench accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline results/accuracy/ci.json]
                               [--seed 0] [--inject-fault box_coder|mask_shift]
     mrcnn-bench accuracy-gate --recipe ci --write-baseline --from-runs out/ci-s0 out/ci-s1 out/ci-s2
-    mrcnn-bench accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4    # trains the seeds first
+    mrcnn-bench accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4 5 6 7 8 9    # trains the seeds first
 """
 
 from __future__ import annotations
