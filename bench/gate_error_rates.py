@@ -38,7 +38,7 @@ from mrcnn.progress import add_progress_flag, progress
 from mrcnn_bench import ab, defaults, runner
 from mrcnn_bench.cases import default_time_limit, default_workload, parse_cases
 from mrcnn_bench.journal import read_lines
-from mrcnn_bench.stats import compare_latency
+from mrcnn_bench.stats import compare_latency, mean_ratio_ci
 
 ROUNDS = 30  # each trial; smaller counts are judged on its first rounds
 ROUND_COUNTS = (7, 10, 15, 20, 25, 30)
@@ -150,10 +150,8 @@ def measured_ratios(trials: list[dict[str, Any]]) -> dict[str, dict[str, float]]
         logs = [np.log(np.asarray(t["b_s"]) / np.asarray(t["a_s"])) for t in trials if t["kind"] == kind]
         if len(logs) < 2:
             continue
-        per_trial = np.array([x.mean() for x in logs])
-        ci = stats.t.interval(0.95, len(logs) - 1, loc=per_trial.mean(), scale=stats.sem(per_trial))
-        out[kind] = {"trials": len(logs), "ratio": float(np.exp(per_trial.mean())),
-                     "low": float(np.exp(ci[0])), "high": float(np.exp(ci[1])),
+        ratio, low, high = mean_ratio_ci([x.mean() for x in logs])
+        out[kind] = {"trials": len(logs), "ratio": ratio, "low": low, "high": high,
                      "a_first": float(np.exp(np.mean([x[0::2].mean() for x in logs]))),
                      "b_first": float(np.exp(np.mean([x[1::2].mean() for x in logs])))}
     return out

@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 from mrcnn_bench import defaults, runner
 from mrcnn_bench.cases import Row, Variant, default_time_limit, default_workload, parse_cases
 from mrcnn_bench.journal import read_lines
+from mrcnn_bench.stats import mean_ratio_ci
 
 ROUNDS = 30
 
@@ -55,10 +55,9 @@ def summary(out: Path) -> int:
         mine = [t for t in trials if t["swap"] == swap]
         if len(mine) < 2:
             continue
-        x = np.array([t["log_b_over_a"] for t in mine])
-        low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-        lines.append(f"| {'B, A' if swap else 'A, B'} | {len(x)} | {np.exp(x.mean()):.4f} | {np.exp(low):.4f} to "
-                     f"{np.exp(high):.4f} | {np.exp(np.mean([t['a_first'] for t in mine])):.4f} "
+        ratio, low, high = mean_ratio_ci([t["log_b_over_a"] for t in mine])
+        lines.append(f"| {'B, A' if swap else 'A, B'} | {len(mine)} | {ratio:.4f} | {low:.4f} to "
+                     f"{high:.4f} | {np.exp(np.mean([t['a_first'] for t in mine])):.4f} "
                      f"| {np.exp(np.mean([t['b_first'] for t in mine])):.4f} |")
     (out / "order_effect.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

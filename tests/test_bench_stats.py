@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn_bench import stats
 from mrcnn_bench.cases import CASES, Row, Variant
 from mrcnn_bench.slowdown import inject_slowdown
-from mrcnn_bench.stats import compare_latency, min_p_value
+from mrcnn_bench.stats import compare_latency, mean_ratio_ci, min_p_value
 
 
 def _interleaved(rounds: int, slowdown: float, seed: int, drift: float = 0.0, noise: float = 0.03):
@@ -138,3 +139,12 @@ def test_slowdown_hook_leaves_training_alone_and_checks_its_fraction(tiny_cfg):
 def test_a_variant_travels_to_a_worker_with_its_slowdown():
     row = Row(CASES["static/eager"], Variant("B", "/code", (("box_score_thresh", 0.1),), slowdown=0.2))
     assert Row.from_dict(json.loads(json.dumps(row.to_dict()))) == row
+
+
+def test_mean_ratio_ci_treats_trials_as_the_units_and_survives_identical_trials():
+    ratio, low, high = mean_ratio_ci([math.log(1.10), math.log(1.12), math.log(1.14)])
+    assert math.isclose(ratio, math.exp(np.mean(np.log([1.10, 1.12, 1.14]))))
+    assert low < ratio < high
+    assert mean_ratio_ci([0.0, 0.0, 0.0]) == (1.0, 1.0, 1.0)  # no spread: a zero-width interval, not NaN
+    with pytest.raises(ValueError, match="2 or more trials"):
+        mean_ratio_ci([0.1])

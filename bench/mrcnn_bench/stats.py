@@ -141,6 +141,18 @@ def paired_ratio_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, floa
     return float(np.exp(np.median(np.log(xb / xa)))), low, high
 
 
+def mean_ratio_ci(log_ratios: Sequence[float]) -> tuple[float, float, float]:
+    """(ratio, low, high): the mean of per-trial log ratios as a ratio, with its two-sided 95%
+    t-interval across the trials (the trials, not their rounds, are the independent units). Needs
+    two or more trials; identical trials give a zero-width interval."""
+    x = np.asarray(log_ratios, dtype=float)
+    if x.size < 2:
+        raise ValueError(f"a 95% interval across trials needs 2 or more trials, got {x.size}")
+    sem = float(stats.sem(x))
+    low, high = stats.t.interval(0.95, x.size - 1, loc=x.mean(), scale=sem) if sem > 0 else (x.mean(), x.mean())
+    return float(np.exp(x.mean())), float(np.exp(low)), float(np.exp(high))
+
+
 def _wilcoxon_greater(x: np.ndarray) -> float:
     """One-sided Wilcoxon signed-rank p of ``x`` > 0; 1.0 when every value is 0 (no evidence either way)."""
     return float(stats.wilcoxon(x, alternative="greater").pvalue) if np.any(x != 0) else 1.0
