@@ -46,6 +46,10 @@ def trial(swap: bool) -> dict:
 
 def summary(out: Path) -> int:
     trials = read_lines(out / "order_effect.jsonl")
+    if not any(sum(t["swap"] == swap for t in trials) >= 2 for swap in (False, True)):
+        print(f"fewer than 2 trials of either order in {out / 'order_effect.jsonl'}: nothing to summarise",
+              file=sys.stderr)
+        return 2
     lines = ["# Live A/A with the rows' order swapped (bench/order_effect.py)", "",
              f"{defaults.COMPARE_CASES}, tiny preset, {ROUNDS} rounds per trial. Ratio B/A: the mean over trials of "
              "each trial's mean log ratio, with its 95% t-interval; then over the rounds in which A, or B, ran first.",

@@ -27,3 +27,11 @@ def test_summary_reports_each_order_with_its_interval(tmp_path):
     assert all("| 1.0400 | 0.9615 |" in row for row in rows)
     low, high = (float(x) for x in rows[0].split("|")[4].split(" to "))
     assert low < math.exp(-0.001) < high  # mean of trials 0, 2, 4: logs -0.003, -0.001, 0.001
+
+
+def test_summary_without_enough_trials_says_so_and_exits_2(tmp_path):
+    assert study.summary(tmp_path) == 2  # no file
+    (tmp_path / "order_effect.jsonl").write_text(json.dumps({"swap": False, "log_b_over_a": 0.0, "a_first": 0.0,
+                                                             "b_first": 0.0}) + "\n")
+    assert study.summary(tmp_path) == 2
+    assert not (tmp_path / "order_effect.md").exists()
