@@ -8,21 +8,27 @@ to four times slower than rounds 1 and 5 for every fp32 row, in every row's own 
 with no other process busy and no steal, while the bf16 rows (AMX treats subnormals as zero) were
 barely touched. Every training row starts from the same seeded weights on the same batches, so a
 numeric cause would strike them all at the same step. This probe runs the row's first ``--steps``
-steps (the run's 2 warm-up steps and 5 rounds) in this process twice from the same start, with
-``torch.set_flush_denormal`` off and then on, and times each step; after each step (untimed) it
-counts the subnormal values in the parameters and their gradients. Same settings as those runs:
-``coco_r50_fpn``, 320x427 training images, canvases up to 512, 2 threads.
+steps (the run's 2 warm-up steps and 5 rounds) twice from the same start, each pass in a fresh
+process of its own: subnormals kept, then flushed to zero in every thread from the process's start
+(:func:`mrcnn_bench.backends.flush_subnormals`; ``torch.set_flush_denormal`` later in a process
+reaches only its calling thread, not the CPU pool's). It times each step and after each step
+(untimed) counts the subnormal values in the parameters and their gradients. Same settings as those
+runs: ``coco_r50_fpn``, 320x427 training images, canvases up to 512, 2 threads.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from mrcnn_bench.backends import flush_subnormals
 from mrcnn_bench.cases import Row, default_workload, parse_cases
 from mrcnn_bench.context import ContextOptions, make_context
 from mrcnn_bench.pipelines import Pipeline
@@ -38,8 +44,10 @@ def subnormals(tensors: list[torch.Tensor]) -> int:
 
 
 def one_pass(case: str, steps: int, flush: bool) -> list[dict[str, float]]:
-    if not torch.set_flush_denormal(flush) and flush:
-        raise SystemExit("this CPU cannot flush subnormals (no SSE3 DAZ)")
+    """This process's pass: call it first thing in a fresh process (flushing must precede the CPU pool)."""
+    if flush:
+        flush_subnormals()
+    torch.set_num_threads(2)
     ctx, _ = make_context(ContextOptions(workload=default_workload("coco_r50_fpn", (320, 427)), threads=2,
                                          need_training=True, overrides=OVERRIDES))
     pipeline = Pipeline(Row(parse_cases(case)[0]), ctx)
@@ -55,9 +63,17 @@ def one_pass(case: str, steps: int, flush: bool) -> list[dict[str, float]]:
         out.append({"step": index, "seconds": seconds, "loss": loss, "params": subnormals(params),
                     "grads": subnormals(grads)})
         print(f"flush={flush} step {index}: {seconds:.2f} s, loss {loss:.3f}, subnormal params "
-              f"{out[-1]['params']}, grads {out[-1]['grads']}", flush=True)
-    torch.set_flush_denormal(False)
+              f"{out[-1]['params']}, grads {out[-1]['grads']}", file=sys.stderr, flush=True)
     return out
+
+
+def pass_in_subprocess(case: str, steps: int, flush: bool) -> list[dict[str, float]]:
+    """:func:`one_pass` in a fresh interpreter; its steps come back as JSON, the last line of its stdout."""
+    cmd = [sys.executable, __file__, "--case", case, "--steps", str(steps), "--one-pass", "on" if flush else "off"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> int:
@@ -65,14 +81,18 @@ def main() -> int:
     parser.add_argument("--case", default="torchvision/train")
     parser.add_argument("--steps", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("results/training/denormal_probe.md"))
+    parser.add_argument("--one-pass", choices=("off", "on"), help=argparse.SUPPRESS)  # the child's role
     args = parser.parse_args()
-    torch.set_num_threads(2)
-    passes = {flush: one_pass(args.case, args.steps, flush) for flush in (False, True)}
+    if args.one_pass:
+        print(json.dumps(one_pass(args.case, args.steps, args.one_pass == "on")))
+        return 0
+    passes = {flush: pass_in_subprocess(args.case, args.steps, flush) for flush in (False, True)}
     lines = [f"# Subnormal floats and step time: {args.case}, coco_r50_fpn 320x427, 2 threads", "",
-             "`PYTHONPATH=bench python bench/denormal_probe.py` (one process, flush off then on, same start).", "",
-             "| step | s, flush off | s, flush on | subnormal params / grads, off | on | loss off | loss on |",
+             "`PYTHONPATH=bench python bench/denormal_probe.py` (each pass in a fresh process from the same "
+             "start: subnormals kept, then flushed in every thread from the process's start).", "",
+             "| step | s, kept | s, flushed | subnormal params / grads, kept | flushed | loss kept | loss flushed |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
-    for off, on in zip(passes[False], passes[True]):
+    for off, on in zip(passes[False], passes[True], strict=True):
         lines.append(f"| {off['step']} | {off['seconds']:.2f} | {on['seconds']:.2f} | {off['params']} / {off['grads']} "
                      f"| {on['params']} / {on['grads']} | {off['loss']:.3f} | {on['loss']:.3f} |")
     args.out.write_text("\n".join(lines) + "\n")

@@ -148,3 +148,55 @@ def test_mean_ratio_ci_treats_trials_as_the_units_and_survives_identical_trials(
     assert mean_ratio_ci([0.0, 0.0, 0.0]) == (1.0, 1.0, 1.0)  # no spread: a zero-width interval, not NaN
     with pytest.raises(ValueError, match="2 or more trials"):
         mean_ratio_ci([0.1])
+
+
+def _stored_pair(seed: int, slowdown: float = 0.0, level_sd: float = 0.03, rounds: int = 25, noise: float = 0.08):
+    """Two separate runs' per-round ratios to their reference row: each run settles at a level of its
+    own (sd ``level_sd``, as separate processes do), then each round scatters around it."""
+    rng = np.random.default_rng(seed)
+    a = 1.2 * np.exp(level_sd * rng.standard_normal() + noise * rng.standard_normal(rounds))
+    b = 1.2 * (1 + slowdown) * np.exp(level_sd * rng.standard_normal() + noise * rng.standard_normal(rounds))
+    return a.tolist(), b.tolist()
+
+
+def test_stored_runs_levels_cry_wolf_under_the_per_round_test_but_not_under_the_stored_rule():
+    """Per-run levels 0.03 apart (sd), rounds scattering 0.02 around them, no change: pairing rounds by
+    index flags many trials; the stored rule, told the between-run sd (0.03 * sqrt 2), stays near its alpha."""
+    pairs = [_stored_pair(seed, noise=0.02) for seed in range(300)]
+    per_round = sum(compare_latency(a, b).regression for a, b in pairs)
+    stored = sum(stats.compare_stored(a, b, between_run_sd=0.03 * math.sqrt(2)).regression for a, b in pairs)
+    assert per_round >= 15  # at least 5%, where alpha promises 1%
+    assert stored <= 6  # at most 2% of 300
+
+
+def test_stored_rule_flags_a_slowdown_well_beyond_the_between_run_spread():
+    flagged = [stats.compare_stored(*_stored_pair(seed, slowdown=0.35), between_run_sd=0.042).regression
+               for seed in range(50)]
+    assert sum(flagged) >= 45
+    v = stats.compare_stored(*_stored_pair(0, slowdown=0.35), between_run_sd=0.042)
+    assert v.rule == "stored" and v.ci_low < v.estimate < v.ci_high and v.between_run_sd == 0.042
+    assert v.p_value == v.p_beyond and v.regression_by("stored") == v.regression
+    with pytest.raises(ValueError, match="stored-run verdict"):
+        v.regression_by("paired")
+
+
+def test_stored_rule_interval_widens_with_the_between_run_sd():
+    a, b = _stored_pair(1, slowdown=0.10)
+    narrow, wide = stats.compare_stored(a, b, between_run_sd=0.0), stats.compare_stored(a, b, between_run_sd=0.1)
+    assert narrow.estimate == wide.estimate
+    assert wide.ci_low < narrow.ci_low and wide.ci_high > narrow.ci_high and wide.p_value > narrow.p_value
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"between_run_sd": -0.1}, "between_run_sd must be >= 0"),
+    ({"alpha": 0.0}, "alpha must be in"),
+    ({"threshold": -1.0}, "threshold must be >= 0"),
+])
+def test_stored_rule_rejects_bad_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        stats.compare_stored([1.0, 1.1, 1.2], [1.0, 1.1, 1.2], **kwargs)
+
+
+def test_stored_rule_needs_two_rounds_per_run():
+    with pytest.raises(ValueError, match="2 or more rounds"):
+        stats.compare_stored([1.0], [1.0, 1.1])

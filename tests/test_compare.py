@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mrcnn_bench import ab, cli, report, runner, store
+from mrcnn_bench import ab, cli, defaults, report, runner, store
 from mrcnn_bench.cases import CASES, REFERENCE, Row, Workload
 from mrcnn_bench.records import Record, RowResult, RunDocument, RunInfo
 
@@ -79,6 +79,19 @@ def test_a_real_slowdown_between_stored_runs_is_flagged(tmp_path, capsys):
     assert _compare(tmp_path, _run(BASE), _run(slower, speed=1.8, seed=1)) == 1
     out = capsys.readouterr().out
     assert "REGRESSION static/eager: B is 3" in out and "REGRESSION static/inductor" not in out
+
+
+def test_stored_runs_allow_for_the_spread_between_runs(tmp_path, capsys):
+    """12% slower, with next to no noise in either run: a per-round test would flag it; against the
+    spread of levels between separate runs (the default between-run sd) it is not shown; told there
+    is none, the same files are flagged."""
+    slower = {**BASE, "static/eager": 0.13 * 1.12}
+    assert _compare(tmp_path, _run(BASE), _run(slower, speed=1.8, seed=1)) == 0
+    out = capsys.readouterr().out
+    assert f"z-test against 5% slower, between-run sd {defaults.BETWEEN_RUN_SD:.3f}" in out
+    assert "compare the two pieces of code live" in out
+    assert _compare(tmp_path, _run(BASE), _run(slower, speed=1.8, seed=1), "--between-run-sd", "0") == 1
+    assert "REGRESSION static/eager" in capsys.readouterr().out
 
 
 def test_a_run_without_the_reference_row_is_refused(tmp_path, capsys):

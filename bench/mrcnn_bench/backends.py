@@ -88,6 +88,27 @@ def xla_counters() -> dict[str, float]:
     }
 
 
+def flush_subnormals() -> None:
+    """Treat subnormal float inputs and results as zero (DAZ/FTZ) in every CPU thread of this process.
+
+    Call it before the process's first parallel CPU op, or it raises: ``torch.set_flush_denormal``
+    sets the calling thread's floating-point mode only, and the OpenMP threads copy that mode once,
+    when they are created. Checked, not assumed: a product over subnormal values, split across
+    every thread, must come out all zero. Why training rows need it: ``results/training/README.md``
+    (AVX-512 fp32 arithmetic on subnormal gradients made whole steps several times slower).
+    """
+    if not torch.set_flush_denormal(True):
+        raise RuntimeError("this CPU cannot flush subnormal floats to zero (torch.set_flush_denormal)")
+    # The smallest subnormal float32 by its bits (a float conversion here would itself flush it),
+    # in a tensor large enough that every thread takes a share (ATen's grain is 32768 elements).
+    subnormal = torch.ones(32768 * 4 * max(torch.get_num_threads(), 1), dtype=torch.int32).view(torch.float32)
+    survivors = int((subnormal * 1.0).count_nonzero())
+    if survivors:
+        torch.set_flush_denormal(False)
+        raise RuntimeError(f"{survivors} subnormal values survived in threads that started before "
+                           "flush_subnormals(): call it before the process's first parallel op")
+
+
 def memory_reset(dev: torch.device) -> float:
     """Start a peak-memory window; returns the current resident size in GB (CPU) or allocated (CUDA)."""
     if dev.type == "cuda":

@@ -227,8 +227,10 @@ class Row:
 
     @property
     def in_worker(self) -> bool:
-        """Bounded cases and other code run in a worker subprocess (:class:`mrcnn_bench.execution.WorkerRow`)."""
-        return self.case.bounded or self.variant.code is not None
+        """Rows that run in a worker subprocess (:class:`mrcnn_bench.execution.WorkerRow`) even with
+        ``--in-process``: bounded cases, other code, and training, whose process must treat subnormal
+        floats as zero from its start (:func:`mrcnn_bench.backends.flush_subnormals`)."""
+        return self.case.bounded or self.variant.code is not None or self.case.phase == "training"
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form a worker rebuilds the row from."""
@@ -264,17 +266,26 @@ _ALL = (
 )
 # The training rows' mask-RoI buckets (the positive quota is appended: 32 on tiny, 128 at COCO settings).
 TRAIN_BUCKETS = (("mask_train_buckets", (8, 16, 32)),)
+TRAIN_BUCKETS_NHWC = (*TRAIN_BUCKETS, ("channels_last", True))  # and the convolutions in channels_last
+# and the pure-tensor RoIAlign (a gather, whose backward is a scatter-add) instead of torchvision's kernel
+TRAIN_BUCKETS_TENSOR_OPS = (*TRAIN_BUCKETS, ("ops_impl", "tensor"))
 # Named cases beyond the matrix that ``all`` runs. The gate counts the mask branch's bucketed graphs
 # (one box-stage graph per canvas and one mask-stage graph per (canvas, bucket), every bucket built at
 # a canvas's first call), which make bench's synthetic weights (K valid detections) would not speed up.
 # The training ones time the mask-RoI buckets (torchvision's loss on fewer slots), fp32 and under bf16
-# autocast, with torchvision eager under bf16 autocast beside them.
+# autocast, with torchvision eager under bf16 autocast beside them, and each again with channels_last;
+# static inductor with the pure-tensor ops.
 _EXTRA = (
     Case("static", compiler="inductor", tag="buckets", overrides=(("mask_detection_buckets", (16, 50)),)),
     Case("static", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
     Case("static", compiler="inductor", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
     Case("static", compiler="inductor", precision="bf16", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
     Case("torchvision", precision="bf16", phase="training"),
+    Case("static", phase="training", tag="buckets-nhwc", overrides=TRAIN_BUCKETS_NHWC),
+    Case("static", compiler="inductor", phase="training", tag="buckets-nhwc", overrides=TRAIN_BUCKETS_NHWC),
+    Case("static", compiler="inductor", precision="bf16", phase="training", tag="buckets-nhwc",
+         overrides=TRAIN_BUCKETS_NHWC),
+    Case("static", compiler="inductor", phase="training", tag="buckets-tensorops", overrides=TRAIN_BUCKETS_TENSOR_OPS),
 )
 CASES: dict[str, Case] = {c.name: c for c in (*_ALL, *_EXTRA)}
 EXTRA: tuple[str, ...] = tuple(c.name for c in _EXTRA)  # in CASES and `list`, not in `all`

@@ -143,7 +143,8 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
     p.add_argument("--profile", action="store_true", help="also time each stage of static and torchvision (eager)")
     p.add_argument("--in-process", action="store_true",
                    help="run the rows that allow it in this process, sharing it (default: each row in a process "
-                        "of its own, paused while the others run, so no row's figures depend on its neighbours)")
+                        "of its own, paused while the others run, so no row's figures depend on its neighbours; "
+                        "bounded rows, training rows and other checkouts' rows always get their own)")
     add_progress_flag(p)
 
 
@@ -216,7 +217,8 @@ def compare_options(args: argparse.Namespace) -> CompareOptions:
             raise ValueError(f"{flag} must be in [0, 1), got {fraction}")
     opts = ab.CompareOptions(args.a, args.b, overrides_a=tuple(args.set_a), overrides_b=tuple(args.set_b),
                              slowdown_a=args.inject_slowdown_a, slowdown_b=args.inject_slowdown,
-                             threshold=args.threshold, alpha=args.alpha, out=args.out)
+                             threshold=args.threshold, alpha=args.alpha, between_run_sd=args.between_run_sd,
+                             out=args.out)
     if not ab.are_run_files(args.a, args.b):
         for spec in (args.a, args.b):
             if not gate.is_code(spec):
@@ -358,6 +360,10 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="relative slowdown that counts (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=defaults.ALPHA,
                    help="family-wise error rate over the cases (Holm; default: %(default)s)")
+    p.add_argument("--between-run-sd", type=float, default=defaults.BETWEEN_RUN_SD, metavar="SD",
+                   help="run files only: the sd of log(B/A) between separate runs of the same code beyond "
+                        "their rounds' noise, allowed for by the test (measure your machine's with "
+                        "bench/stored_compare_aa.py; default: %(default)s, measured here)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
 
 

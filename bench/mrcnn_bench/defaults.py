@@ -19,6 +19,10 @@ COMPARE_ROUNDS = 25  # the fewest meeting the error-rate goals: results/latency_
 THRESHOLD = 0.05  # relative slowdown that counts as a regression
 ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
 TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
+# compare RUN_A.json RUN_B.json: the sd of log(B/A) between two separate runs of the same code beyond
+# what their rounds' spread explains (static/eager over torchvision/eager, tiny, 2 threads, this host):
+# results/stored_compare_aa/summary.md.
+BETWEEN_RUN_SD = 0.0374
 
 # mrcnn-bench gate
 # The compile-count cases of a new baseline: inference under inductor and on XLA, the mask branch's

@@ -182,7 +182,10 @@ def run(opts: RunOptions) -> RunOutput:
         stages = profile_stages(ctx)
     options = {"rounds": opts.rounds, "warmup": opts.warmup, "seed": opts.seed,
                "fresh_compile_cache": opts.fresh_compile_cache, "coco_root": opts.coco_root,
-               "coco_split": opts.coco_split, "overrides": opts.overrides}
+               "coco_split": opts.coco_split, "overrides": opts.overrides,
+               # The training rows' processes flush subnormal floats (cases.Row.in_worker); runs
+               # stored before this key kept them, and compare refuses to mix the two (ab.settings).
+               "subnormals": SUBNORMALS}
     peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
     info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, time.perf_counter() - t_run,
                    threads, options, interrupted=interrupted, resumed_from_round=start,
@@ -257,6 +260,8 @@ def _call(r: RowResult, runner: RowRunner, index: int, first: bool = False) -> t
     r.call_mem_gb = extra if math.isnan(r.call_mem_gb) else max(extra, r.call_mem_gb)
     return seconds, result
 
+
+SUBNORMALS = "flushed to zero in training rows"  # the run option that says so (run files before: "kept")
 
 TRAIN_WARMUP = 2  # training steps before round 1: the second is the first with the optimiser's state
 

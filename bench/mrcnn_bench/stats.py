@@ -18,6 +18,11 @@ one-sided Mann-Whitney U test of ``log b - log(1 + threshold)`` against ``log a`
 rounds inflates its spread. ``p_wilcoxon`` and ``p_mannwhitney`` keep the tests against "no change"
 for information: they decide nothing.
 
+``rule="stored"`` (:func:`compare_stored`, what ``compare A.json B.json`` uses) compares two separate
+runs, whose rounds are not paired and whose levels differ from process to process: a z-test of the
+difference of the runs' mean log ratios that allows for the between-run spread measured by
+``bench/stored_compare_aa.py`` (``results/stored_compare_aa/``).
+
 The rule's error rates are measured through the gate's own code path by
 ``bench/gate_error_rates.py`` (``results/latency_gate_live/``), which is where the default number of
 rounds comes from; ``bench/error_rates.py`` measured the previous rule (p < alpha against "no
@@ -35,15 +40,16 @@ from scipy import stats
 
 from mrcnn_bench import defaults
 
-RULES = ("paired", "unpaired")
+RULES = ("paired", "unpaired", "stored")
 MIN_SAMPLES = 3  # fewer timed samples than this: no median, ratio or verdict is shown
+_Z95 = float(stats.norm.ppf(0.975))
 
 
 @dataclass(frozen=True)
 class LatencyVerdict:
     """The comparison of B against A. Ratios are B / A: above 1 means B is slower."""
 
-    rule: str  # the rule that decides ``regression``: "paired" (Wilcoxon) or "unpaired" (Mann-Whitney)
+    rule: str  # what decides ``regression``: "paired" (Wilcoxon), "unpaired" (Mann-Whitney), "stored" (z)
     rounds: int  # samples per side (n)
     median_a: float
     median_b: float
@@ -58,6 +64,7 @@ class LatencyVerdict:
     threshold: float
     alpha: float
     regression: bool  # by ``rule``, before any correction across cases
+    between_run_sd: float = math.nan  # "stored": the sd of log(B/A) between runs that the test allows for
 
     @property
     def estimate(self) -> float:
@@ -67,11 +74,13 @@ class LatencyVerdict:
     @property
     def p_value(self) -> float:
         """The decision rule's p-value ("slower by more than ``threshold``"), uncorrected."""
-        return self.p_beyond if self.rule == "paired" else self.p_beyond_unpaired
+        return self.p_beyond_unpaired if self.rule == "unpaired" else self.p_beyond
 
     def regression_by(self, rule: str) -> bool:
-        """The verdict ``rule`` would give on the same samples (to compare the two rules)."""
-        if rule == "paired":
+        """The verdict ``rule`` would give on the same samples (to compare the rules)."""
+        if "stored" in (rule, self.rule) and rule != self.rule:
+            raise ValueError("a stored-run verdict holds no per-round rule's p-value, nor the reverse")
+        if rule in ("paired", "stored"):
             return self.p_beyond < self.alpha
         if rule == "unpaired":
             return self.p_beyond_unpaired < self.alpha
@@ -94,7 +103,10 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 
 def min_p_value(rule: str, rounds: int) -> float:
-    """Smallest one-sided p-value ``rule``'s exact test can give with ``rounds`` samples per side."""
+    """Smallest one-sided p-value ``rule``'s exact test can give with ``rounds`` samples per side
+    (the stored rule's z-test has no floor: 0)."""
+    if rule == "stored":
+        return 0.0
     if rule == "paired":
         return 0.5**rounds  # every round has B slower
     if rule == "unpaired":
@@ -208,3 +220,44 @@ def compare_latency(
         regression=False,
     )
     return replace(verdict, regression=verdict.regression_by(rule))
+
+
+def compare_stored(
+    a: Sequence[float],
+    b: Sequence[float],
+    between_run_sd: float = defaults.BETWEEN_RUN_SD,
+    threshold: float = defaults.THRESHOLD,
+    alpha: float = defaults.ALPHA,
+) -> LatencyVerdict:
+    """Compare two stored runs: ``a`` and ``b`` are each run's per-round times over its own reference row.
+
+    Rounds of two separate runs are not paired, and each process settles at a level of its own that
+    no number of rounds averages away (``results/stored_compare_aa/``). So the estimate is the
+    difference of the runs' mean log ratios, ``d``, whose variance is each run's variance of the
+    mean (its rounds' variance / n) plus ``between_run_sd**2``, the variance of ``d`` between two
+    runs of the same code beyond that (measured by ``bench/stored_compare_aa.py``). One-sided z-test
+    of ``d > log(1 + threshold)``; the 95% interval is ``d`` +- 1.96 of the same sd, as ratios.
+    """
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not threshold >= 0.0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    if not between_run_sd >= 0.0:
+        raise ValueError(f"between_run_sd must be >= 0, got {between_run_sd}")
+    la, lb = np.log(_check("a", a)), np.log(_check("b", b))
+    if min(la.size, lb.size) < 2:
+        raise ValueError(f"each run needs 2 or more rounds for its variance, got {la.size} and {lb.size}")
+    d = float(lb.mean() - la.mean())
+    sd = math.sqrt(la.var(ddof=1) / la.size + lb.var(ddof=1) / lb.size + between_run_sd**2)
+    p_beyond = float(stats.norm.sf((d - math.log1p(threshold)) / sd)) if sd > 0 else float(d > math.log1p(threshold))
+    median_a, median_b = float(np.exp(np.median(la))), float(np.exp(np.median(lb)))
+    verdict = LatencyVerdict(
+        rule="stored", rounds=int(min(la.size, lb.size)), median_a=median_a, median_b=median_b,
+        ratio=math.exp(d), paired_ratio=math.nan,
+        ci_low=math.exp(d - _Z95 * sd), ci_high=math.exp(d + _Z95 * sd),
+        p_wilcoxon=math.nan, p_mannwhitney=float(stats.mannwhitneyu(lb, la, alternative="greater").pvalue),
+        p_beyond=p_beyond,
+        p_beyond_unpaired=float(stats.mannwhitneyu(lb - math.log1p(threshold), la, alternative="greater").pvalue),
+        threshold=threshold, alpha=alpha, regression=p_beyond < alpha, between_run_sd=between_run_sd,
+    )
+    return verdict

@@ -4,7 +4,8 @@ JSON commands arrive on stdin (``{"cmd": "call", "index": i, "out": path}`` or `
 replies go to the original stdout, one JSON line each; the call's result is saved to ``out``.
 Everything else that prints (torch, XLA) goes to ``ROW_DIR/worker.log``. A heartbeat thread writes
 ``ROW_DIR/status.json`` (phase, compile counters) twice a second, so a worker killed at its time
-limit still tells how far it got.
+limit still tells how far it got. A training row's worker treats subnormal floats as zero from its
+first statement on (:func:`mrcnn_bench.backends.flush_subnormals`), before any CPU thread exists.
 """
 
 from __future__ import annotations
@@ -72,12 +73,15 @@ def main(run_dir: Path, row_dir: Path) -> int:
     # From here on, set-up counts against the row's time limit and the status file says so.
     threading.Thread(target=status.beat, daemon=True).start()
     try:
+        import torch
+
+        from mrcnn_bench.backends import dynamo_reasons, flush_subnormals
+
+        if spec["case"]["phase"] == "training":
+            flush_subnormals()  # first, before any thread of the CPU pool exists
         if spec["variant"]["code"]:
             import_mrcnn_from(spec["variant"]["code"])
         # Imported only now: these import mrcnn, which must be the variant's checkout set above.
-        import torch
-
-        from mrcnn_bench.backends import dynamo_reasons
         from mrcnn_bench.cases import Row
         from mrcnn_bench.context import load_context
         from mrcnn_bench.execution import timed_call
