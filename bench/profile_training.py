@@ -5,7 +5,8 @@ Runs the harness's own training step (``mrcnn_bench.pipelines.Pipeline`` for ``s
 implementation, the top operators by self CPU time and the share spent in convolutions (forward
 and backward). Both models run the same backbone and FPN convolutions, so that share of
 torchvision's step is work the static model cannot avoid: ``1 / share`` bounds the speed-up any
-static-shape rewrite of the rest can give, before it is measured.
+static-shape rewrite of the rest can give, before it is measured. Subnormal floats are flushed to
+zero, as in the harness's training rows (:func:`mrcnn_bench.backends.flush_subnormals`).
 
     python bench/profile_training.py --preset tiny --threads 2 [--set KEY=VALUE ...] [--out FILE.md]
 """
@@ -20,6 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mrcnn.overrides import parse_override
+from mrcnn_bench.backends import flush_subnormals
 from mrcnn_bench.cases import Case, Row, Workload
 from mrcnn_bench.cli import parse_size
 from mrcnn_bench.context import ContextOptions, make_context
@@ -43,13 +45,15 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 warm-up steps")
     p.add_argument("--out", type=Path, default=None, help="also write the report as markdown here")
     args = p.parse_args()
+    flush_subnormals()  # as the harness's training rows do, before any thread of the CPU pool exists
     torch.set_num_threads(args.threads)
     workload = Workload(preset=args.preset, **({"image_size": args.image_size} if args.image_size else {}))
     options = ContextOptions(workload, seed=0, threads=args.threads, need_training=True, overrides=dict(args.overrides))
     ctx, _ = make_context(options)
 
     h, w = workload.image_size
-    lines = [f"# Training step profile: {args.preset} {h}x{w}, batch 2, {args.threads} threads, {args.steps} steps", ""]
+    lines = [f"# Training step profile: {args.preset} {h}x{w}, batch 2, {args.threads} threads, {args.steps} steps", "",
+             f"Overrides: {dict(args.overrides) or 'none'}; subnormal floats flushed to zero.", ""]
     shares = {}
     for impl in ("torchvision", "static"):
         pipe = Pipeline(Row(Case(impl, phase="training")), ctx)

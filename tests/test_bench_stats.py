@@ -200,3 +200,9 @@ def test_stored_rule_rejects_bad_parameters(kwargs, match):
 def test_stored_rule_needs_two_rounds_per_run():
     with pytest.raises(ValueError, match="2 or more rounds"):
         stats.compare_stored([1.0], [1.0, 1.1])
+
+
+def test_stored_rule_without_any_spread_is_certain_either_way():
+    same = [1.0, 1.0, 1.0]
+    assert stats.compare_stored(same, [1.2] * 3, between_run_sd=0.0).p_value == 0.0
+    assert stats.compare_stored(same, same, between_run_sd=0.0).p_value == 1.0

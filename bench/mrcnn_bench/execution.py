@@ -5,9 +5,10 @@ Both answer ``setup()``, then ``call(index) -> (seconds, result, peak GB, call's
 by default (``RunOptions.isolate``), and always when it may never finish (``Case.bounded``: killed
 at the time limit, reported as "> limit" with the compile counts it reached), when its variant
 imports other code (``compare A B`` across two checkouts), or when it trains (its process flushes
-subnormal floats from the start: :func:`mrcnn_bench.backends.flush_subnormals`). A worker is stopped (SIGSTOP, its whole
-process group) except during its own calls, so nothing of an idle row (runtime threads, inductor's
-compile workers) runs while another row is timed. The protocol is :mod:`mrcnn_bench.worker`'s.
+subnormal floats from the start: :func:`mrcnn_bench.backends.flush_subnormals`). A worker is
+stopped (SIGSTOP, its whole process group) except during its own calls, so nothing of an idle row
+(runtime threads, inductor's compile workers) runs while another row is timed. The protocol is
+:mod:`mrcnn_bench.worker`'s.
 """
 
 from __future__ import annotations

@@ -249,7 +249,8 @@ def compare_stored(
         raise ValueError(f"each run needs 2 or more rounds for its variance, got {la.size} and {lb.size}")
     d = float(lb.mean() - la.mean())
     sd = math.sqrt(la.var(ddof=1) / la.size + lb.var(ddof=1) / lb.size + between_run_sd**2)
-    p_beyond = float(stats.norm.sf((d - math.log1p(threshold)) / sd)) if sd > 0 else float(d > math.log1p(threshold))
+    shift = math.log1p(threshold)
+    p_beyond = float(stats.norm.sf((d - shift) / sd)) if sd > 0 else (0.0 if d > shift else 1.0)
     median_a, median_b = float(np.exp(np.median(la))), float(np.exp(np.median(lb)))
     verdict = LatencyVerdict(
         rule="stored", rounds=int(min(la.size, lb.size)), median_a=median_a, median_b=median_b,
@@ -257,7 +258,7 @@ def compare_stored(
         ci_low=math.exp(d - _Z95 * sd), ci_high=math.exp(d + _Z95 * sd),
         p_wilcoxon=math.nan, p_mannwhitney=float(stats.mannwhitneyu(lb, la, alternative="greater").pvalue),
         p_beyond=p_beyond,
-        p_beyond_unpaired=float(stats.mannwhitneyu(lb - math.log1p(threshold), la, alternative="greater").pvalue),
+        p_beyond_unpaired=float(stats.mannwhitneyu(lb - shift, la, alternative="greater").pvalue),
         threshold=threshold, alpha=alpha, regression=p_beyond < alpha, between_run_sd=between_run_sd,
     )
     return verdict
