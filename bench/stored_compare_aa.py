@@ -35,7 +35,7 @@ from pathlib import Path
 
 from scipy import stats
 
-from mrcnn_bench import ab, store
+from mrcnn_bench import ab, defaults, store
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.stats import compare_latency, compare_stored
 
@@ -145,7 +145,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         "",
         f"**Between-run sd** of the difference of the runs' mean log ratios beyond their rounds' noise: {sd:.4f}",
         f"(halves of the trials: {between_run_sd(trials[0::2]):.4f} and {between_run_sd(trials[1::2]):.4f}).",
-        "`mrcnn_bench.defaults.BETWEEN_RUN_SD` is this figure.",
+        f"`compare`'s default (`mrcnn_bench.defaults.BETWEEN_RUN_SD`) is {defaults.BETWEEN_RUN_SD}.",
         "",
         "**The stored rule** (`mrcnn_bench.stats.compare_stored`, what `compare A.json B.json` uses now): a z-test",
         "of the difference of the runs' mean log ratios against log 1.05, its variance the rounds' plus the",
