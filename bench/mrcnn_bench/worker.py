@@ -73,6 +73,8 @@ def main(run_dir: Path, row_dir: Path) -> int:
     # From here on, set-up counts against the row's time limit and the status file says so.
     threading.Thread(target=status.beat, daemon=True).start()
     try:
+        # Imported here, inside the row's error handling: torch and the backends first (they import
+        # no mrcnn), so that a training row flushes subnormals before any CPU thread exists.
         import torch
 
         from mrcnn_bench.backends import dynamo_reasons, flush_subnormals
