@@ -78,10 +78,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def log_levels(trial: dict, side: str, scale: float = 1.0) -> list[float]:
-    """One run's per-round log(static/eager / torchvision/eager), its static rows' times times ``scale``."""
-    return [math.log(scale * s / r) for s, r in zip(trial[f"{side}_static/eager"], trial[f"{side}_torchvision/eager"],
-                                                    strict=True)]
+def ratios(trial: dict, side: str, scale: float = 1.0) -> list[float]:
+    """One run's per-round static/eager / torchvision/eager, its static rows' times times ``scale``."""
+    return [scale * s / r for s, r in zip(trial[f"{side}_static/eager"], trial[f"{side}_torchvision/eager"],
+                                          strict=True)]
+
+
+def log_levels(trial: dict, side: str) -> list[float]:
+    """:func:`ratios` as logs: what the between-run sd is computed on."""
+    return [math.log(x) for x in ratios(trial, side)]
 
 
 def between_run_sd(trials: list[dict]) -> float:
@@ -103,9 +108,7 @@ def stored_rule_alarms(trials: list[dict], scale: float = 1.0) -> tuple[int, int
     for judged, fitted in (halves, halves[::-1]):
         sd = between_run_sd(fitted)
         for t in judged:
-            v = compare_stored([math.exp(x) for x in log_levels(t, "a")],
-                               [math.exp(x) for x in log_levels(t, "b", scale)], sd)
-            flagged += v.regression
+            flagged += compare_stored(ratios(t, "a"), ratios(t, "b", scale), sd).regression
     return flagged, len(trials)
 
 
@@ -122,11 +125,10 @@ def cmd_summary(args: argparse.Namespace) -> int:
     n = len(trials)
     # The per-round rule, recomputed from the times (the trials' own "regression" is whatever rule
     # compare used when they ran): one tested case, so Holm leaves its p as it is.
-    alarms = sum(compare_latency([math.exp(x) for x in log_levels(t, "a")],
-                                 [math.exp(x) for x in log_levels(t, "b")]).regression for t in trials)
-    ratios = sorted(math.exp(statistics.fmean(log_levels(t, "b")) - statistics.fmean(log_levels(t, "a")))
+    alarms = sum(compare_latency(ratios(t, "a"), ratios(t, "b")).regression for t in trials)
+    estimates = sorted(math.exp(statistics.fmean(log_levels(t, "b")) - statistics.fmean(log_levels(t, "a")))
                     for t in trials)  # the stored rule's estimate
-    q = statistics.quantiles(ratios, n=20)
+    q, lowest, highest = statistics.quantiles(estimates, n=20), estimates[0], estimates[-1]
     sd = between_run_sd(trials)
     text = [
         f"# Stored-run compare, A/A: {n} trials of {trials[0]['rounds']} rounds",
@@ -138,9 +140,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
         "",
         "**The per-round rule**, what `compare A.json B.json` used before (Wilcoxon on the per-round ratios, rounds",
         "of the two runs paired by index, against 1.05, alpha 0.01): false alarms " + _rate(alarms, n) + ".",
-        f"The stored ratio B/A between two runs of the same code: median {statistics.median(ratios):.3f}, "
+        f"The stored ratio B/A between two runs of the same code: median {statistics.median(estimates):.3f}, "
         f"5th-95th percentile {q[0]:.3f}-{q[-1]:.3f},",
-        f"range {ratios[0]:.3f}-{ratios[-1]:.3f}: each process settles at a level of its own, which the per-round",
+        f"range {lowest:.3f}-{highest:.3f}: each process settles at a level of its own, which the per-round",
         "test cannot see.",
         "",
         f"**Between-run sd** of the difference of the runs' mean log ratios beyond their rounds' noise: {sd:.4f}",

@@ -97,6 +97,12 @@ class Case:
     def interface(self) -> Interface:
         return IMPLEMENTATIONS[self.impl].interface
 
+    @property
+    def flushes_subnormals(self) -> bool:
+        """Training: its process treats subnormal floats as zero from its start
+        (:func:`mrcnn_bench.backends.flush_subnormals`; why: ``results/training/README.md``)."""
+        return self.phase == "training"
+
     def skip_reason(self) -> str | None:
         """Why this case cannot run here (an absent backend), or None."""
         from mrcnn_bench.backends import unavailable  # lazy: backends loads torch, cases must not (fast --help)
@@ -228,9 +234,9 @@ class Row:
     @property
     def in_worker(self) -> bool:
         """Rows that run in a worker subprocess (:class:`mrcnn_bench.execution.WorkerRow`) even with
-        ``--in-process``: bounded cases, other code, and training, whose process must treat subnormal
-        floats as zero from its start (:func:`mrcnn_bench.backends.flush_subnormals`)."""
-        return self.case.bounded or self.variant.code is not None or self.case.phase == "training"
+        ``--in-process``: bounded cases, other code, and cases whose process must flush subnormals
+        from its start (:attr:`Case.flushes_subnormals`)."""
+        return self.case.bounded or self.variant.code is not None or self.case.flushes_subnormals
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form a worker rebuilds the row from."""

@@ -123,6 +123,13 @@ def _check(name: str, values: Sequence[float]) -> np.ndarray:
     return x
 
 
+def _check_parameters(threshold: float, alpha: float) -> None:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if not threshold >= 0.0:
+        raise ValueError(f"threshold must be >= 0, got {threshold}")
+
+
 def _check_pair(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     xa, xb = _check("a", a), _check("b", b)
     if xa.size != xb.size:
@@ -187,10 +194,7 @@ def compare_latency(
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if not threshold >= 0.0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    _check_parameters(threshold, alpha)
     xa, xb = _check_pair(a, b)
     if min_p_value(rule, xa.size) >= alpha:
         raise ValueError(
@@ -238,10 +242,7 @@ def compare_stored(
     runs of the same code beyond that (measured by ``bench/stored_compare_aa.py``). One-sided z-test
     of ``d > log(1 + threshold)``; the 95% interval is ``d`` +- 1.96 of the same sd, as ratios.
     """
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if not threshold >= 0.0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
+    _check_parameters(threshold, alpha)
     if not between_run_sd >= 0.0:
         raise ValueError(f"between_run_sd must be >= 0, got {between_run_sd}")
     la, lb = np.log(_check("a", a)), np.log(_check("b", b))
@@ -252,7 +253,7 @@ def compare_stored(
     shift = math.log1p(threshold)
     p_beyond = float(stats.norm.sf((d - shift) / sd)) if sd > 0 else (0.0 if d > shift else 1.0)
     median_a, median_b = float(np.exp(np.median(la))), float(np.exp(np.median(lb)))
-    verdict = LatencyVerdict(
+    return LatencyVerdict(
         rule="stored", rounds=int(min(la.size, lb.size)), median_a=median_a, median_b=median_b,
         ratio=math.exp(d), paired_ratio=math.nan,
         ci_low=math.exp(d - _Z95 * sd), ci_high=math.exp(d + _Z95 * sd),
@@ -261,4 +262,3 @@ def compare_stored(
         p_beyond_unpaired=float(stats.mannwhitneyu(lb - shift, la, alternative="greater").pvalue),
         threshold=threshold, alpha=alpha, regression=p_beyond < alpha, between_run_sd=between_run_sd,
     )
-    return verdict

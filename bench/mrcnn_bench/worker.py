@@ -73,23 +73,23 @@ def main(run_dir: Path, row_dir: Path) -> int:
     # From here on, set-up counts against the row's time limit and the status file says so.
     threading.Thread(target=status.beat, daemon=True).start()
     try:
-        # Imported here, inside the row's error handling: torch and the backends first (they import
-        # no mrcnn), so that a training row flushes subnormals before any CPU thread exists.
+        # Imported here, inside the row's error handling: torch, the backends and the cases first
+        # (they import no mrcnn), so that the row can flush subnormals before any CPU thread exists.
         import torch
 
         from mrcnn_bench.backends import dynamo_reasons, flush_subnormals
+        from mrcnn_bench.cases import Row
 
-        if spec["case"]["phase"] == "training":
+        row = Row.from_dict(spec)
+        if row.case.flushes_subnormals:
             flush_subnormals()  # first, before any thread of the CPU pool exists
         if spec["variant"]["code"]:
             import_mrcnn_from(spec["variant"]["code"])
         # Imported only now: these import mrcnn, which must be the variant's checkout set above.
-        from mrcnn_bench.cases import Row
         from mrcnn_bench.context import load_context
         from mrcnn_bench.execution import timed_call
         from mrcnn_bench.pipelines import Pipeline
 
-        row = Row.from_dict(spec)
         ctx = load_context(run_dir)
         torch.set_num_threads(ctx.threads)
         pipeline = Pipeline(row, ctx)
