@@ -3,7 +3,7 @@
     PYTHONPATH=bench python bench/history_spread.py [--runs 3] [--out results/asv/aa]
 
 Each run is :func:`mrcnn_bench.history.measure_commit` on this checkout (every tracked case in its
-own process, the compile probes, the fixed-checkpoint AP), written to ``OUT/run_K.json`` as soon as
+own processes, the compile probes, the fixed-checkpoint AP), written to ``OUT/run_K.json`` as soon as
 it ends; a run whose file exists is not measured again, so the study resumes where it stopped.
 Then ``OUT/spread.csv`` and ``OUT/spread.md`` give, per figure, the values of every run and their
 spread ``(max - min) / median``: the ratios to the ruler next to the raw seconds they cancel.
@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
-    parser.add_argument("--processes", type=int, default=PROCESSES,
-                        help="processes per timed case, pooled (default: the suite's, %(default)s)")
+    parser.add_argument("--processes", type=int, default=None,
+                        help=f"processes per timed case, pooled (default: the suite's, by phase {PROCESSES})")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):

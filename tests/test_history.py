@@ -218,3 +218,20 @@ def test_a_commit_runs_process_p_of_every_case_before_process_p_plus_1(monkeypat
     assert eager.record["ratio_per_process"] == pytest.approx([1.01, 1.03, 1.05])
     xla = record.timing["static/xla"]  # one process could not run: no figure from the other two
     assert xla.skipped and xla.record is None and "PJRT_DEVICE" in xla.error
+
+
+def test_by_default_inference_cases_get_several_processes_and_training_one_with_the_whole_budget(monkeypatch):
+    calls: list[list[str]] = []
+
+    def fake(args, timeout=history.PART_TIMEOUT_S):
+        calls.append(list(args))
+        return history.Part(_record(args[1], [1.0]).to_dict(), None, 1.0)
+
+    monkeypatch.setattr(history, "run_part", fake)
+    record = history.measure_commit(cases=("static/eager", "static/train"), budget_s=40.0, accuracy=False)
+    n = history.PROCESSES["inference"]
+    assert n > 1 and history.PROCESSES["training"] == 1
+    timed = [(c[1], float(c[3])) for c in calls]
+    assert timed == [("static/eager", 40.0 / n), ("static/train", 40.0)] + [("static/eager", 40.0 / n)] * (n - 1)
+    assert record.timing["static/eager"].record["processes"] == n
+    assert record.timing["static/train"].record["processes"] == 1

@@ -3,9 +3,9 @@
 :func:`measure_commit` runs, one after another and each in a fresh subprocess of the interpreter
 asv installed the commit into:
 
-- every case of :data:`mrcnn_bench.cases.TRACKED` timed against the ruler in :data:`PROCESSES`
-  processes (``python -m mrcnn_bench.interleaved``), each with its share of the case's time budget,
-  process ``p`` of every case before process ``p + 1`` of any, then pooled
+- every case of :data:`mrcnn_bench.cases.TRACKED` timed against the ruler in as many processes as
+  :data:`PROCESSES` gives its phase (``python -m mrcnn_bench.interleaved``), each with its share of
+  the case's time budget, process ``p`` of every case before process ``p + 1`` of any, then pooled
   (:func:`mrcnn_bench.interleaved.pool`: the median of the processes' median ratios);
 - the compile probe of each compiled case (``python -m mrcnn_bench.compile_probe``: one call per
   gate size, the backends' own counters);
@@ -34,10 +34,11 @@ from mrcnn_bench.interleaved import DEFAULT_BUDGET_S, CaseRecord, pool
 
 _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
-# Processes per timed case and commit. One process draws a level of its own that its rounds cannot
-# average away (results/asv/README.md: main's history); pooling several is measured by an A/A with
-# `history_spread.py --processes 3` before the suite's default changes (the committed history used 1).
-PROCESSES = 1
+# Processes per timed case and commit, by the case's phase. An inference process draws a speed level
+# of its own that its rounds cannot average away, so each inference case is timed in several and
+# their medians pooled; a training step is long enough that one process's rounds hold its level, and
+# splitting its budget leaves too few steps per process (results/asv/README.md, "Processes").
+PROCESSES = {"inference": 5, "training": 1}
 # Tracked compile counters: name shown in asv -> key of the compile probe's record. A case has the
 # counters of its backend or compiler only (XLA's two, or dynamo's three).
 COUNTERS = {
@@ -108,14 +109,23 @@ def compiled(case: str) -> bool:
     return c.phase == "inference" and (c.backend == "xla" or c.compiler != "eager")
 
 
+def processes_for(case: str, processes: int | None = None) -> int:
+    """Processes that time ``case``: ``processes`` if given, else :data:`PROCESSES` of its phase."""
+    return processes if processes is not None else PROCESSES[CASES[case].phase]
+
+
 def measure_commit(
     cases: Sequence[str] = TRACKED, budget_s: float = DEFAULT_BUDGET_S, accuracy: bool = True,
-    processes: int = PROCESSES,
+    processes: int | None = None,
 ) -> CommitRecord:
-    """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr)."""
-    share = str(budget_s / processes)
+    """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr).
+
+    ``processes`` times every case in that many processes; None: :func:`processes_for` each case.
+    """
+    count = {c: processes_for(c, processes) for c in cases}
     plan: list[tuple[str, str, list[str]]] = [
-        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", share]) for _ in range(processes) for c in cases
+        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", str(budget_s / count[c])])
+        for p in range(max(count.values(), default=0)) for c in cases if p < count[c]
     ]
     plan += [("compiles", c, ["mrcnn_bench.compile_probe", c, QUICK_WORKLOAD.preset]) for c in cases if compiled(c)]
     if accuracy:

@@ -1,31 +1,37 @@
-"""Where the time goes: eager stage timings of the static and the torchvision model (``run --profile``).
+"""Where the time goes: eager stage timings and FLOPs of the static and the torchvision model (``run --profile``).
 
-Both models have the same module names (``backbone.body``, ``rpn.head``, ``roi_heads.mask_head``,
-...), so forward hooks time the same stages in each. Eager CPU ops run synchronously, so timing a
-module's forward with hooks is exact; a stage called several times per call is summed.
+Both models have the same module names (``backbone``, ``rpn.head``, ``roi_heads.mask_head``, ...),
+so forward hooks measure the same stages in each. Only modules that both models call through their
+``forward`` can be hooked: the static backbone runs the ResNet's and the FPN's layers itself (to
+zero the padding between them, :func:`mrcnn.backbone.masked_features`), so ``backbone.body`` and
+``backbone.fpn`` never fire there and the backbone is one stage. Eager CPU ops run synchronously,
+so timing a module's forward with hooks is exact; a stage called several times per call is summed.
+The same hooks read ``FlopCounterMode``'s running total in a separate counted call, so each stage's
+FLOPs divide its time into GFLOP/s, a fraction of the machine's ceiling.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from mrcnn_bench.cases import CASES, Row
 from mrcnn_bench.context import Context
 from mrcnn_bench.pipelines import Pipeline
 
 _STAGE_MODULES = (
-    "backbone.body", "backbone.fpn", "rpn.head", "rpn", "roi_heads.box_head", "roi_heads.box_predictor",
-    "roi_heads.mask_head", "roi_heads.mask_predictor", "roi_heads",
+    "backbone", "rpn.head", "rpn", "roi_heads.box_head", "roi_heads.box_predictor", "roi_heads.mask_head",
+    "roi_heads.mask_predictor", "roi_heads",
 )
-# (label, modules whose time is added, modules whose time is subtracted); "total" is the whole call.
+# (label, modules whose figure is added, modules whose figure is subtracted); "total" is the whole call.
 STAGES = (
-    ("backbone: ResNet body", ("backbone.body",), ()),
-    ("backbone: FPN", ("backbone.fpn",), ()),
+    ("backbone: ResNet body + FPN", ("backbone",), ()),
     ("RPN head (convs)", ("rpn.head",), ()),
     ("RPN rest: anchors, top-k, decode, NMS", ("rpn",), ("rpn.head",)),
     ("box head (MLP) + predictor", ("roi_heads.box_head", "roi_heads.box_predictor"), ()),
@@ -33,60 +39,82 @@ STAGES = (
      ("roi_heads.box_head", "roi_heads.box_predictor", "roi_heads.mask_head", "roi_heads.mask_predictor")),
     ("mask head (convs)", ("roi_heads.mask_head",), ()),
     ("mask predictor (deconv + 1x1)", ("roi_heads.mask_predictor",), ()),
-    ("outside the network: resize, pad, box rescale, mask paste", ("total",),
-     ("backbone.body", "backbone.fpn", "rpn", "roi_heads")),
+    ("outside the network: resize, pad, box rescale, mask paste", ("total",), ("backbone", "rpn", "roi_heads")),
     ("total, end to end", ("total",), ()),
 )
 
+Runs = dict[str, tuple[torch.nn.Module, Callable[[], Any]]]  # name -> (model, one call)
 
-def stage_times(runs: dict[str, tuple[torch.nn.Module, Callable[[], Any]]], reps: int = 3,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, dict[str, float]]:
-    """Median seconds per stage of :data:`STAGES`, per run, over ``reps`` interleaved calls.
 
-    ``runs`` maps a name to (model, call).
-    """
-    sums: dict[str, float] = {}
+@contextlib.contextmanager
+def _metered(model: torch.nn.Module, meter: Callable[[], float], sums: dict[str, float]) -> Iterator[None]:
+    """While open, each stage module's forward adds ``meter()``'s growth over it to ``sums[name]``."""
     starts: dict[str, float] = {}
     handles = []
-    for model, _ in runs.values():
-        for name in _STAGE_MODULES:
-            module = model.get_submodule(name)
+    for name in _STAGE_MODULES:
+        module = model.get_submodule(name)
 
-            def pre(_m, _a, name=name) -> None:
-                starts[name] = clock()
+        def pre(_m, _a, name=name) -> None:
+            starts[name] = meter()
 
-            def post(_m, _a, _o, name=name) -> None:
-                sums[name] = sums.get(name, 0.0) + clock() - starts[name]
+        def post(_m, _a, _o, name=name) -> None:
+            sums[name] = sums.get(name, 0.0) + meter() - starts[name]
 
-            handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-    per_rep: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
     try:
-        with torch.no_grad():
-            for _, call in runs.values():
-                call()
-            for _ in range(reps):
-                for name, (_, call) in runs.items():
-                    sums.clear()
-                    t0 = clock()
-                    call()
-                    sums["total"] = clock() - t0
-                    per_rep[name].append(dict(sums))
+        yield
     finally:
         for h in handles:
             h.remove()
-    return {
-        run: {label: statistics.median(sum(r.get(k, 0.0) for k in plus) - sum(r.get(k, 0.0) for k in minus)
-                                       for r in reps_)
-              for label, plus, minus in STAGES}
-        for run, reps_ in per_rep.items()
-    }
 
 
-def profile_stages(ctx: Context, reps: int = 3) -> dict[str, dict[str, float]]:
-    """Stage timings of static/eager and torchvision/eager on the run's first call."""
-    runs = {}
+def _by_stage(sums: dict[str, float]) -> dict[str, float]:
+    return {label: sum(sums.get(k, 0.0) for k in plus) - sum(sums.get(k, 0.0) for k in minus)
+            for label, plus, minus in STAGES}
+
+
+def stage_times(
+    runs: Runs, reps: int = 3, clock: Callable[[], float] = time.perf_counter
+) -> dict[str, dict[str, float]]:
+    """Median seconds per stage of :data:`STAGES`, per run, over ``reps`` interleaved calls (after one
+    untimed call of each)."""
+    per_rep: dict[str, list[dict[str, float]]] = {name: [] for name in runs}
+    sums: dict[str, float] = {}
+    with contextlib.ExitStack() as stack, torch.no_grad():
+        for model, _ in runs.values():
+            stack.enter_context(_metered(model, clock, sums))
+        for _, call in runs.values():
+            call()
+        for _ in range(reps):
+            for name, (_, call) in runs.items():
+                sums.clear()
+                t0 = clock()
+                call()
+                sums["total"] = clock() - t0
+                per_rep[name].append(_by_stage(sums))
+    return {run: {label: statistics.median(r[label] for r in reps_) for label, *_ in STAGES}
+            for run, reps_ in per_rep.items()}
+
+
+def stage_flops(runs: Runs) -> dict[str, dict[str, float]]:
+    """FLOPs per stage of :data:`STAGES` (2 per multiply-add; NMS and RoIAlign count none), per run,
+    from one call under ``FlopCounterMode``."""
+    out = {}
+    for name, (model, call) in runs.items():
+        sums: dict[str, float] = {}
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            with _metered(model, lambda c=counter: float(c.get_total_flops()), sums):
+                call()
+            sums["total"] = float(counter.get_total_flops())
+        out[name] = _by_stage(sums)
+    return out
+
+
+def profile_stages(ctx: Context, reps: int = 3) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+    """(seconds, FLOPs) per stage of static/eager and torchvision/eager on the run's first call."""
+    runs: Runs = {}
     for impl in ("static", "torchvision"):
         pipeline = Pipeline(Row(CASES[f"{impl}/eager"]), ctx)
         pipeline.setup()
         runs[impl] = (pipeline.model, lambda p=pipeline: p.call(0))
-    return stage_times(runs, reps)
+    return stage_times(runs, reps), stage_flops(runs)

@@ -159,6 +159,7 @@ class RunInfo:
     interrupted: str = ""  # the signal that stopped the run (SIGTERM, SIGINT) before its last round
     resumed_from_round: int = 0  # rounds read back from the journal of an interrupted run (--resume)
     ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.ceiling.Ceiling, as a dict
+    stage_flops: dict[str, dict[str, float]] = field(default_factory=dict)  # --profile: FLOPs by implementation, stage
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -181,7 +182,7 @@ class RunInfo:
         return cls(**values)
 
 
-_WRITTEN_WHEN_SET = ("interrupted", "resumed_from_round", "ceiling")
+_WRITTEN_WHEN_SET = ("interrupted", "resumed_from_round", "ceiling", "stage_flops")
 
 
 @dataclass

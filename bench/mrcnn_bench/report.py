@@ -273,14 +273,21 @@ def column_notes() -> list[str]:
 
 
 def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
-    """``--profile``'s stage timings: seconds per implementation and the static model's share."""
+    """``--profile``'s stages: seconds per implementation, the static model's share, and where the run
+    counted them, GFLOP per call and the fraction of the fp32 ceiling each stage runs at."""
     stages = doc.run.stages
     if not stages:
         return None
     df = pd.DataFrame({f"{impl}_s": times for impl, times in stages.items()})
-    df.index.name = "stage (eager, CPU, median of 3, interleaved)"
+    df.index.name = "stage (eager fp32, CPU, median of 3, interleaved)"
     if "static_s" in df:
         df["static_share"] = df["static_s"] / df["static_s"].iloc[-1]
+    ceiling = doc.run.ceiling.get("fp32_gflops")
+    for impl, flops in doc.run.stage_flops.items():
+        gflop = pd.Series(flops) / 1e9
+        df[f"{impl}_gflop"] = gflop
+        if ceiling and f"{impl}_s" in df:
+            df[f"{impl}_frac_ceiling"] = gflop / df[f"{impl}_s"] / ceiling
     return df.reset_index()
 
 

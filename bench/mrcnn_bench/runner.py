@@ -176,10 +176,10 @@ def run(opts: RunOptions) -> RunOutput:
         peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
         if opts.flops:
             count_row_flops(results, ctx, log)
-    stages = None
+    stages, flops_by_stage = None, {}
     if opts.profile and not interrupted:
         log("profiling the stages of static and torchvision, eager")
-        stages = profile_stages(ctx)
+        stages, flops_by_stage = profile_stages(ctx)
     options = {"rounds": opts.rounds, "warmup": opts.warmup, "seed": opts.seed,
                "fresh_compile_cache": opts.fresh_compile_cache, "coco_root": opts.coco_root,
                "coco_split": opts.coco_split, "overrides": opts.overrides,
@@ -189,7 +189,7 @@ def run(opts: RunOptions) -> RunOutput:
     peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
     info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, time.perf_counter() - t_run,
                    threads, options, interrupted=interrupted, resumed_from_round=start,
-                   ceiling=dataclasses.asdict(limit) if limit else {})
+                   ceiling=dataclasses.asdict(limit) if limit else {}, stage_flops=flops_by_stage)
     return RunOutput(results, info)
 
 
