@@ -112,7 +112,7 @@ def summarize(rows: Rows, info: dict[str, Any]) -> list[dict[str, Any]]:
             seconds, rounds = stage_seconds(rows, mode, plus, minus)
             row |= {f"{mode}_s": seconds, f"{mode}_frac_ceiling": gflop / seconds / limit if seconds > 0 else None,
                     "rounds": rounds}
-        row["inductor_over_eager"] = row["inductor_s"] / row["eager_s"]
+        row["inductor_over_eager"] = row["inductor_s"] / row["eager_s"] if row["gflop"] > 0 else None  # not for a seam
         out.append(row)
     whole = out[-1]["inductor_s"]
     for row in out:
@@ -136,7 +136,8 @@ def markdown(table: Rows, meta: dict[str, Any]) -> str:
         frac = {m: "n/a" if r[f"{m}_frac_ceiling"] is None else f"{r[f'{m}_frac_ceiling']:.2f}"
                 for m in ("eager", "inductor")}
         lines.append(f"| {r['stage']} | {r['gflop']:.1f} | {r['eager_s']:.3f} | {frac['eager']} | "
-                     f"{r['inductor_s']:.3f} | {frac['inductor']} | {r['inductor_over_eager']:.2f} | "
+                     f"{r['inductor_s']:.3f} | {frac['inductor']} | "
+                     f"{'n/a' if r['inductor_over_eager'] is None else format(r['inductor_over_eager'], '.2f')} | "
                      f"{r['inductor_share']:.2f} |")
     lines += ["", "First calls (compilation included), s: "
               + ", ".join(f"{k} {v:.1f}" for k, v in meta["first_call_s"].items())]

@@ -40,7 +40,8 @@ COLUMNS: dict[str, tuple[str, str]] = {
     "iqr_s": ("IQR s", "interquartile range of those calls"),
     "p90_s": ("p90 s", "90th percentile of those calls, from 10 calls or more"),
     "p99_s": ("p99 s", "99th percentile, from 100 calls or more"),
-    "ratio_vs_tv": ("x tv", "median over torchvision eager's in this run (training: over its step); lower is faster"),
+    "ratio_vs_tv": ("x tv", "median per-round ratio to torchvision eager in this run (training: to its step; rows "
+                            "without paired rounds: ratio of the medians); lower is faster"),
     "ratio_ci95": ("95% CI", "95% bootstrap interval of the per-round ratio to torchvision"),
     "images_per_s": ("img/s", "images per call over the median"),
     "first_result_s": ("first call s", "the first call, compilation included"),
@@ -113,13 +114,14 @@ def _parity_ok(rec: Record) -> bool:
             >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
 
 
-def ratio_interval(rec: Record, ref: Record | None) -> tuple[float, float] | None:
-    """95% bootstrap interval of the median per-round ratio to the reference row (rows timed in the
-    same rounds); None when the rounds cannot be paired or are too few."""
+def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] | None:
+    """(median per-round ratio to the reference row, its 95% bootstrap interval) for rows timed in the
+    same rounds; None when the rounds cannot be paired or are too few. The table shows this ratio
+    rather than the ratio of the two medians, so that its point estimate is the one the interval is
+    for (the two differ when the rows' slow rounds do not coincide)."""
     if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
         return None
-    _, low, high = paired_ratio_ci(ref.times_s, rec.times_s)
-    return low, high
+    return paired_ratio_ci(ref.times_s, rec.times_s)
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:
@@ -139,11 +141,13 @@ def _decision(ratio: float, goal: float, interval: tuple[float, float] | None) -
     return "not decided (the 95% CI holds the goal)"
 
 
-def target_verdict(rec: Record, medians: dict[str, float], interval: tuple[float, float] | None = None) -> str:
+def target_verdict(
+    rec: Record, medians: dict[str, float], paired: tuple[float, float, float] | None = None
+) -> str:
     """The project's speed goal for this row's case and whether it was met (parity included).
 
-    ``interval``: the time ratio's 95% interval to its reference (:func:`ratio_interval`). With it,
-    a goal is met only when the whole interval meets it and missed only when none of it does;
+    ``paired``: the time ratio to its reference with its 95% interval (:func:`paired_ratio`). With
+    it, a goal is met only when the whole interval meets it and missed only when none of it does;
     otherwise the run could not decide, and says so.
     """
     target = speed_target(rec.case, rec.preset)
@@ -151,20 +155,20 @@ def target_verdict(rec: Record, medians: dict[str, float], interval: tuple[float
         return ""
     base, factor = target
     if base not in (REFERENCE, TRAIN_REFERENCE):
-        interval = None  # it is against torchvision: only goals set against torchvision use it
+        paired = None  # it is against torchvision: only goals set against torchvision use it
+    interval = paired[1:] if paired else None
     text_ci = interval_text(interval)
     base_med, med = medians.get(base, math.nan), median(rec)
+    ratio = paired[0] if paired and not math.isnan(med) else med / base_med  # the table's figure
     if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
-        if math.isnan(med) or math.isnan(base_med):
+        if math.isnan(ratio):
             return f"{label}: not measured"
-        speedup = base_med / med
         step = f", step-time ratio 95% CI {text_ci}" if text_ci else ""
-        return f"{label}: {_decision(med / base_med, factor, interval)} ({speedup:.3f}x{step})"
+        return f"{label}: {_decision(ratio, factor, interval)} ({1 / ratio:.3f}x{step})"
     label = f"<= {factor:g}x {'tv' if base == REFERENCE else base}"
-    if math.isnan(med) or math.isnan(base_med):
+    if math.isnan(ratio):
         return f"{label}: not measured"
-    ratio = med / base_med
     ci = f", 95% CI {text_ci}" if text_ci else ""
     text = f"{label}: {_decision(ratio, factor, interval)} ({ratio:.3f}x{ci})"
     if base == REFERENCE and not _parity_ok(rec):
@@ -185,7 +189,7 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
         if not math.isnan(as_number(r.parity_matched_ref)):
             parity = (f"{r.parity_matched_ref:.1%} / {r.parity_matched_other:.1%}, "
                       f"mask IoU {as_number(r.mask_iou_mean):.3f}")
-        interval = ratio_interval(r, by_case.get(ref))
+        paired = paired_ratio(r, by_case.get(ref))
         rows.append({
             "row": r.row,
             "status": r.status + (f": {r.detail}" if r.detail else ""),
@@ -194,8 +198,8 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "iqr_s": as_number(r.iqr_s) * measured,
             "p90_s": tail(r, 0.90),
             "p99_s": tail(r, 0.99),
-            "ratio_vs_tv": med / ref_med,
-            "ratio_ci95": interval_text(interval),
+            "ratio_vs_tv": paired[0] if paired else med / ref_med,
+            "ratio_ci95": interval_text(paired[1:] if paired else None),
             "images_per_s": as_number(r.images_per_s) * measured,
             "first_result_s": as_number(r.first_result_s),
             "first_pass_s": first_pass(r),
@@ -207,7 +211,7 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "box_ap": as_number(r.box_ap),
             "mask_ap": as_number(r.mask_ap),
             "parity": parity,
-            "target": target_verdict(r, medians, interval),
+            "target": target_verdict(r, medians, paired),
         })
     return pd.DataFrame.from_records(rows, columns=TABLE_COLUMNS)
 
