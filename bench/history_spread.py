@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from mrcnn.progress import progress
@@ -63,9 +64,14 @@ def summarise(out: Path) -> pd.DataFrame:
     values = table.to_numpy()
     table["median"] = table.median(axis=1)
     table["spread"] = (values.max(axis=1) - values.min(axis=1)) / table["median"]
+    # The range grows with the number of runs; the coefficient of variation does not, so A/A studies
+    # of different sizes compare on it.
+    with np.errstate(invalid="ignore", divide="ignore"):  # counts that are 0 in every run: no cv, NaN
+        table["cv"] = values.std(axis=1, ddof=1) / values.mean(axis=1) if values.shape[1] > 1 else np.nan
     table.to_csv(out / "spread.csv", float_format="%.6g")
     (out / "spread.md").write_text(
-        f"# A/A spread over {len(runs)} runs of one commit (spread = (max - min) / median)\n\n"
+        f"# A/A spread over {len(runs)} runs of one commit (spread = (max - min) / median; cv = standard "
+        "deviation / mean)\n\n"
         + table.to_markdown(floatfmt=".4g")
         + "\n"
     )

@@ -9,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -143,6 +144,19 @@ def test_asv_suite_reads_one_record_per_commit(suite):
         assert "lower is better" in method.unit
 
 
+def test_asv_find_can_measure_one_case(suite, monkeypatch):
+    monkeypatch.delenv(suite.CASES_ENV, raising=False)
+    assert suite.measured_cases() == suite.TRACKED
+    monkeypatch.setenv(suite.CASES_ENV, " static/inductor ,")
+    assert suite.measured_cases() == ("static/inductor",)
+    monkeypatch.setenv(suite.CASES_ENV, "static/inductor,static/nope")
+    with pytest.raises(ValueError, match=r"not tracked: \['static/nope'\]"):
+        suite.measured_cases()
+    cache = {"timing": {"static/inductor": _part({"ratio_median": 0.8})}, "compiles": {}, "accuracy": _part()}
+    with pytest.raises(NotImplementedError, match="static/eager: not measured"):  # asv: skipped
+        suite.Latency().setup(cache, "static/eager")
+
+
 def test_asv_suite_shares_one_measurement_per_commit(suite):
     """asv keys setup_cache by its source line: every class must inherit the same one."""
     classes = [suite.Latency, suite.Training, suite.Compiles, suite.Accuracy]
@@ -167,6 +181,8 @@ def test_spread_summary_of_repeated_runs(tmp_path):
     table = module.summarise(tmp_path)
     assert table.loc["static/eager ratio", "spread"] == pytest.approx(0.03 / 1.00)
     assert table.loc["static/eager seconds", "spread"] == pytest.approx(0.10 / 0.25)
+    assert table.loc["static/eager ratio", "cv"] == pytest.approx(np.std([1.00, 1.02, 0.99], ddof=1) / np.mean(
+        [1.00, 1.02, 0.99]))
     assert (tmp_path / "spread.md").read_text().startswith("# A/A spread over 3 runs")
 
 

@@ -2,9 +2,10 @@
 
 asv calls ``setup_cache`` of :class:`_Commit` once per commit (every class below inherits it, and
 asv keys the cache by the method's source line, so they all share it). It runs
-:func:`mrcnn_bench.history.measure_commit`: each tracked case timed against the ruler in its own
-process, the compile probes, and the fixed checkpoint's AP. The ``track_`` methods only read that
-record, so no benchmark recompiles the model and no compilation can fall inside a timed sample.
+:func:`mrcnn_bench.history.measure_commit`: each tracked case timed against the ruler in processes
+of its own (several per inference case, pooled), the compile probes, and the fixed checkpoint's
+AP. The ``track_`` methods only read that record, so no benchmark recompiles the model and no
+compilation can fall inside a timed sample.
 
 asv treats larger as worse, so each metric is in its lower-is-better form and its unit says so.
 The ratios to the ruler are the figures to read across commits; raw seconds drift with the machine
@@ -28,6 +29,7 @@ INFERENCE = [n for n in TRACKED if CASES[n].phase == "inference"]
 TRAINING = [n for n in TRACKED if CASES[n].phase == "training"]
 COMPILED = [n for n in TRACKED if compiled(n)]
 RATIO_UNIT = "ratio to the ruler (torchvision eager, fixed across commits) in the same rounds; lower is better"
+CASES_ENV = "MRCNN_ASV_CASES"
 
 Cache = dict[str, Any]
 
@@ -49,6 +51,17 @@ def _skip_unless_measured(cache: Cache, kind: str, case: str = "") -> None:
         raise NotImplementedError(part.error)
 
 
+def measured_cases() -> tuple[str, ...]:
+    """The tracked cases a commit's measurement times: all of them, or those ``$MRCNN_ASV_CASES``
+    names (a comma list), so that ``asv find`` bisecting one case's metric measures that case only
+    (the others' benchmarks are then skipped, never given a number)."""
+    names = tuple(n.strip() for n in os.environ.get(CASES_ENV, "").split(",") if n.strip())
+    unknown = [n for n in names if n not in TRACKED]
+    if unknown:
+        raise ValueError(f"${CASES_ENV} names case(s) that are not tracked: {unknown}; tracked: {', '.join(TRACKED)}")
+    return names or TRACKED
+
+
 class _Commit:
     """The one measurement of a commit. Its own repetition is inside: 20 to 200 interleaved rounds
     per case (:data:`mrcnn_bench.interleaved.DEFAULT_BUDGET_S` seconds of them); asv runs each
@@ -64,7 +77,7 @@ class _Commit:
     def setup_cache(self) -> Cache:
         # asv runs this in a temporary folder: the fixture's default path is the repository's.
         os.environ.setdefault(FIXTURE_ENV, str(REPO / DEFAULT_ROOT))
-        return measure_commit().to_dict()
+        return measure_commit(cases=measured_cases()).to_dict()
 
 
 class Latency(_Commit):

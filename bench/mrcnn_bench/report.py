@@ -159,7 +159,7 @@ def target_verdict(
     interval = paired[1:] if paired else None
     text_ci = interval_text(interval)
     base_med, med = medians.get(base, math.nan), median(rec)
-    ratio = paired[0] if paired and not math.isnan(med) else med / base_med  # the table's figure
+    ratio = paired[0] if paired else med / base_med  # the table's figure
     if rec.phase == "training":
         label = f">= {1 / factor:.2g}x {base} throughput"
         if math.isnan(ratio):
