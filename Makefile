@@ -55,6 +55,11 @@ lint: $(STAMP)
 # (bench/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
+# asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
+# another host or another fixture start a series of their own. Expanded when a recipe runs, after
+# asv-fixture has made the fixture.
+ASV_MACHINE = $(shell PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)
+ASV_RUN = $(VENV)/bin/asv machine --yes --machine $(ASV_MACHINE) && $(VENV)/bin/asv run --machine $(ASV_MACHINE)
 
 asv-fixture: $(STAMP)
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make
@@ -63,21 +68,18 @@ asv-scratch: $(STAMP)
 	$(PY) bench/asv_scratch.py
 
 asv-same: asv-fixture
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
+	$(ASV_RUN) --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
 
 asv-commits: asv-fixture
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(or $(RANGE),HEAD~2..HEAD)
+	$(ASV_RUN) --show-stderr --skip-existing-commits $(or $(RANGE),HEAD~2..HEAD)
 
 # main's history and the scratch range; resumable (commits already measured are skipped). On main,
 # the commits that change the code under test (mrcnn/ or the dependencies): the harness comes from
 # this checkout, so every other commit measures the same code as the last of these before it.
 asv-history: asv-fixture asv-scratch
-	$(VENV)/bin/asv machine --yes
-	$(VENV)/bin/asv run --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
+	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
-	$(VENV)/bin/asv run --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
+	$(VENV)/bin/asv run --machine $(ASV_MACHINE) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
 
 # The latency gate's error rates through its own code path (live compares; hours; resumable).
 latency-study: $(STAMP)

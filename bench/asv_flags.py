@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,7 +38,7 @@ def flags(html: Path) -> list[dict[str, object]]:
     index = json.loads((html / "index.json").read_text())
     to_hash = index["revision_to_hash"]
     rows = []
-    for name, _graph, params, _idx, _last, _best, steps in json.loads((html / "regressions.json").read_text())[
+    for name, graph, params, _idx, _last, _best, steps in json.loads((html / "regressions.json").read_text())[
         "regressions"
     ]:
         for _before, after, value_before, value_after in steps:
@@ -45,6 +46,8 @@ def flags(html: Path) -> list[dict[str, object]]:
                 {
                     "benchmark": name,
                     "branch": params.get("branch", ""),
+                    # asv names a parameter only where graphs differ in it; the graph's path always has it.
+                    "machine": params.get("machine") or next(iter(re.findall(r"machine-([^/]+)", graph)), ""),
                     "commit": to_hash[str(after)],
                     "before": value_before,
                     "after": value_after,
@@ -64,11 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     kinds = _scratch_commits(args.repo)
     rows = flags(args.html)
-    lines = ["| benchmark | branch | commit | scratch kind | before | after | held |", "| --- " * 7 + "|"]
-    for r in sorted(rows, key=lambda r: (r["branch"], r["commit"], r["benchmark"])):
+    lines = ["| benchmark | machine | branch | commit | scratch kind | before | after | held |", "| --- " * 8 + "|"]
+    for r in sorted(rows, key=lambda r: (r["machine"], r["branch"], r["commit"], r["benchmark"])):
         held = any(h in str(r["benchmark"]) for h in HELD)
         lines.append(
-            f"| `{r['benchmark']}` | {r['branch']} | {str(r['commit'])[:10]} | "
+            f"| `{r['benchmark']}` | {r['machine']} | {r['branch']} | {str(r['commit'])[:10]} | "
             f"{kinds.get(str(r['commit']), '-')} | {r['before']:.4g} | {r['after']:.4g} | {'yes' if held else 'no'} |"
         )
     injected = {h for h, k in kinds.items() if k != "noop"}

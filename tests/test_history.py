@@ -16,7 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import fixed_accuracy, history, interleaved, ruler  # noqa: E402
+from mrcnn_bench import asv_machine, fixed_accuracy, history, interleaved, ruler  # noqa: E402
 
 
 def test_ruler_never_imports_the_library():
@@ -93,6 +93,23 @@ def test_fixture_scores_this_checkout(tmp_path):
     assert record.images == 2 and 0.0 <= record.box_ap <= 1.0 and 0.0 <= record.mask_ap <= 1.0
 
 
+def test_asv_machine_is_named_by_cpu_cores_and_fixture(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\nflags\t: fpu\n")
+    assert asv_machine.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8488C"
+    assert asv_machine.slug(asv_machine.cpu_model(cpuinfo)) == "intel-r-xeon-r-platinum-8488c"
+    fixture = fixed_accuracy.Fixture(tmp_path / "fx")
+    with pytest.raises(FileNotFoundError, match="make asv-fixture"):
+        asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2)
+    fixture.root.mkdir()
+    fixture.model.write_bytes(b"weights")
+    fixture.meta.write_text(json.dumps({"model_sha256": "3727811562f609a0"}))
+    assert asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2) == "amd-epyc-2c-fx37278115"
+    # Another fixture on the same host is another series.
+    fixture.meta.write_text(json.dumps({"model_sha256": "df5e631b00000000"}))
+    assert asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2) == "amd-epyc-2c-fxdf5e631b"
+
+
 @pytest.fixture
 def suite():
     sys.path.insert(0, str(ROOT / "bench" / "asv_suite"))
@@ -163,10 +180,30 @@ def test_asv_suite_shares_one_measurement_per_commit(suite):
     assert {c.setup_cache for c in classes} == {suite._Commit.setup_cache}
 
 
-def test_spread_summary_of_repeated_runs(tmp_path):
-    spec = importlib.util.spec_from_file_location("history_spread", ROOT / "bench" / "history_spread.py")
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_flags_name_the_machine_of_each_step(tmp_path):
+    """asv leaves the machine out of a flag's parameters when only one machine has results."""
+    graph = "graphs/arch-x86_64/branch-asv-scratch/cpu-AMD EPYC/machine-amd-epyc-2c-fx37278115/python-3.11/x.json"
+    (tmp_path / "index.json").write_text(json.dumps({"revision_to_hash": {"7": "abc", "9": "def"}}))
+    (tmp_path / "regressions.json").write_text(json.dumps({"regressions": [
+        ["benchmarks.Latency.track_ratio('static/eager')", graph, {"branch": "asv-scratch"}, 0, 1.1, 1.0,
+         [[7, 9, 1.0, 1.1]]],
+        ["benchmarks.Accuracy.track_box_error", graph, {"machine": "other"}, 0, 0.9, 0.2, [[6, 7, 0.2, 0.9]]],
+    ]}))
+    rows = _script("asv_flags").flags(tmp_path)
+    assert [(r["machine"], r["branch"], r["commit"], r["after"]) for r in rows] == [
+        ("amd-epyc-2c-fx37278115", "asv-scratch", "def", 1.1), ("other", "", "abc", 0.9)
+    ]
+
+
+def test_spread_summary_of_repeated_runs(tmp_path):
+    module = _script("history_spread")
     for k, (ratio, seconds) in enumerate(((1.00, 0.20), (1.02, 0.25), (0.99, 0.30)), 1):
         record = {
             "ratio_median": ratio,
