@@ -54,7 +54,8 @@ def _skip_unless_measured(cache: Cache, kind: str, case: str = "") -> None:
 def measured_cases() -> tuple[str, ...]:
     """The tracked cases a commit's measurement times: all of them, or those ``$MRCNN_ASV_CASES``
     names (a comma list), so that ``asv find`` bisecting one case's metric measures that case only
-    (the others' benchmarks are then skipped, never given a number)."""
+    (the others' benchmarks are then skipped, never given a number; run it with ``--skip-save`` so
+    that a partial record does not replace a commit's full one in the results)."""
     names = tuple(n.strip() for n in os.environ.get(CASES_ENV, "").split(",") if n.strip())
     unknown = [n for n in names if n not in TRACKED]
     if unknown:
