@@ -59,7 +59,7 @@ SCRATCH_RANGE := asv-scratch~7..asv-scratch
 # another host or another fixture start a series of their own. Expanded when a recipe runs, after
 # asv-fixture has made the fixture.
 ASV_MACHINE = $(shell PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)
-ASV_RUN = $(VENV)/bin/asv machine --yes --machine $(ASV_MACHINE) && $(VENV)/bin/asv run --machine $(ASV_MACHINE)
+ASV_RUN = PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine --register && $(VENV)/bin/asv run --machine $(ASV_MACHINE)
 
 asv-fixture: $(STAMP)
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make

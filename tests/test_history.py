@@ -110,6 +110,16 @@ def test_asv_machine_is_named_by_cpu_cores_and_fixture(tmp_path):
     assert asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2) == "amd-epyc-2c-fxdf5e631b"
 
 
+def test_asv_machine_registers_the_host_fields(tmp_path, monkeypatch):
+    """`asv machine --yes --machine NAME` alone stores the name only; the registered entry has the host's fields."""
+    pytest.importorskip("asv")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    asv_machine.register("amd-epyc-2c-fx37278115")
+    entry = json.loads((tmp_path / ".asv-machine.json").read_text())["amd-epyc-2c-fx37278115"]
+    assert entry["machine"] == "amd-epyc-2c-fx37278115"
+    assert entry["num_cpu"] and entry["cpu"] and entry["os"] and entry["arch"] and entry["ram"]
+
+
 @pytest.fixture
 def suite():
     sys.path.insert(0, str(ROOT / "bench" / "asv_suite"))

@@ -1,6 +1,7 @@
 """The asv machine name for this host and its accuracy fixture: ``<cpu>-<N>c-fx<sha8>``.
 
-    PYTHONPATH=bench python -m mrcnn_bench.asv_machine     # prints e.g. amd-epyc-2c-fx37278115
+    PYTHONPATH=bench python -m mrcnn_bench.asv_machine              # prints e.g. amd-epyc-2c-fx37278115
+    PYTHONPATH=bench python -m mrcnn_bench.asv_machine --register   # and records it for asv run --machine
 
 asv keeps one series per machine name and judges a commit only against the commits before it in
 that series. Two things outside any commit move the tracked figures: the host (the ratios to the
@@ -9,11 +10,15 @@ checkpoint (``make asv-fixture`` on another host, or from a checkout whose train
 trains other weights, so ``1 - AP`` would step at no commit; ``results/asv/README.md``). asv's
 default name, the hostname, tells neither apart, so the name carries both: a history measured over
 several sittings joins one series only where host and fixture are the same. The ``make asv-*``
-targets pass this name to ``asv machine`` and ``asv run``.
+targets register it and pass it to ``asv run --machine``.
+
+``--register`` records the name with the host's OS, CPU, cores and memory (asv's defaults for
+them): ``asv machine --yes --machine NAME`` stores the name alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -49,12 +54,28 @@ def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = N
     return f"{slug(cpu if cpu is not None else cpu_model())}-{cores}c-fx{sha[:8]}"
 
 
-def main() -> int:
+def register(name: str) -> None:
+    """Record ``name`` in asv's machine file with the host's fields (asv's own defaults for them)."""
+    # Imported here: printing the name needs no asv, and asv is only in the bench extra.
+    from asv.machine import Machine, MachineCollection
+
+    # Not `asv machine --yes --cpu ...`: asv passes on only the fields that differ from its
+    # defaults, and with a name of its own and nothing else it stores the name alone.
+    MachineCollection.save(name, {**Machine.get_defaults(), "machine": name})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.asv_machine", description=__doc__.split("\n")[0])
+    parser.add_argument("--register", action="store_true", help="also record the machine for asv run --machine")
+    args = parser.parse_args(argv)
     try:
-        print(machine_name(Fixture.default()))
+        name = machine_name(Fixture.default())
+        if args.register:
+            register(name)
     except FileNotFoundError as e:
         print(f"mrcnn_bench.asv_machine: {e}", file=sys.stderr)
         return 2
+    print(name)
     return 0
 
 
