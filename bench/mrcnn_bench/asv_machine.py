@@ -21,22 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import sys
-from pathlib import Path
 
 from mrcnn_bench.fixed_accuracy import Fixture
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine() or "cpu"
+from mrcnn_bench.store import cpu_model
 
 
 def slug(text: str) -> str:
@@ -51,7 +40,7 @@ def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = N
         raise FileNotFoundError(reason)
     sha = json.loads(fixture.meta.read_text())["model_sha256"]
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return f"{slug(cpu if cpu is not None else cpu_model())}-{cores}c-fx{sha[:8]}"
+    return f"{slug((cpu if cpu is not None else cpu_model()) or 'cpu')}-{cores}c-fx{sha[:8]}"
 
 
 def register(name: str) -> None:

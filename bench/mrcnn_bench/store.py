@@ -63,9 +63,10 @@ def cpu_environment() -> dict[str, Any]:
     return env
 
 
-def cpu_model() -> str | None:
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in cpuinfo.read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or None
