@@ -1,6 +1,6 @@
 """The asv machine name for this host and its accuracy fixture: ``<cpu>-<N>c-fx<sha8>``.
 
-    PYTHONPATH=bench python -m mrcnn_bench.asv_machine              # prints e.g. amd-epyc-2c-fx37278115
+    PYTHONPATH=bench python -m mrcnn_bench.asv_machine              # prints e.g. amd-epyc-f25m17-2c-fx021d390f
     PYTHONPATH=bench python -m mrcnn_bench.asv_machine --register   # and records it for asv run --machine
 
 asv keeps one series per machine name and judges a commit only against the commits before it in
@@ -9,8 +9,10 @@ ruler absorb part of a change of CPU, not all of it: ``results/asv/README.md``) 
 checkpoint (``make asv-fixture`` on another host, or from a checkout whose training code differs,
 trains other weights, so ``1 - AP`` would step at no commit; ``results/asv/README.md``). asv's
 default name, the hostname, tells neither apart, so the name carries both: a history measured over
-several sittings joins one series only where host and fixture are the same. The ``make asv-*``
-targets register it and pass it to ``asv run --machine``.
+several sittings joins one series only where host and fixture are the same. ``<cpu>`` is the model
+name with the x86 family and model numbers (``f25m17``), because a virtual machine may report a
+bare ``AMD EPYC`` for CPU generations whose speeds differ. The ``make asv-*`` targets register it
+and pass it to ``asv run --machine``.
 
 ``--register`` records the name with the host's OS, CPU, cores and memory (asv's defaults for
 them): ``asv machine --yes --machine NAME`` stores the name alone.
@@ -23,9 +25,10 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 from mrcnn_bench.fixed_accuracy import Fixture
-from mrcnn_bench.store import cpu_model
+from mrcnn_bench.store import cpu_model, cpuinfo_field
 
 
 def slug(text: str) -> str:
@@ -33,14 +36,22 @@ def slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "cpu"
 
 
+def cpu_label(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The model name, and ``f<family>m<model>`` where ``cpuinfo`` has them: ``AMD EPYC f25m17``."""
+    family, model = cpuinfo_field("cpu family", cpuinfo), cpuinfo_field("model", cpuinfo)
+    generation = f"f{family}m{model}" if family and model else ""
+    return f"{cpu_model(cpuinfo) or 'cpu'} {generation}".strip()
+
+
 def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = None) -> str:
-    """``<cpu>-<N>c-fx<first 8 hex digits of the fixture's weights>``; FileNotFoundError without a fixture."""
+    """``<cpu>-<N>c-fx<first 8 hex digits of the fixture's weights>``, ``cpu`` by default
+    :func:`cpu_label`; FileNotFoundError without a fixture."""
     reason = fixture.missing_reason()
     if reason:
         raise FileNotFoundError(reason)
     sha = json.loads(fixture.meta.read_text())["model_sha256"]
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
-    return f"{slug((cpu if cpu is not None else cpu_model()) or 'cpu')}-{cores}c-fx{sha[:8]}"
+    return f"{slug(cpu if cpu is not None else cpu_label())}-{cores}c-fx{sha[:8]}"
 
 
 def register(name: str) -> None:

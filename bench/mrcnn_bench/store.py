@@ -63,13 +63,19 @@ def cpu_environment() -> dict[str, Any]:
     return env
 
 
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
+def cpuinfo_field(key: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The first processor's ``key`` field in ``cpuinfo`` (``model name``, ``cpu family``), or None."""
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or None
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key:
+                return value.strip()
+    return None
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
+    return cpuinfo_field("model name", cpuinfo) or platform.processor() or None
 
 
 def git(*args: str, cwd: Path = REPO) -> str | None:
