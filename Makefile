@@ -75,13 +75,13 @@ asv-commits: asv-fixture
 
 # main's history; resumable (commits already measured are skipped). The commits that change the
 # code under test (mrcnn/ or the dependencies): the harness comes from this checkout, so every other
-# commit measures the same code as the last of these before it. Its series is bound to the fixture
-# it was measured with, so run it whole in one sitting (about 17 commits x 9-10 minutes).
+# commit measures the same code as the last of these before it. About 17 commits x 8-11.5 minutes,
+# by host: more than one sitting may add to it, on the same kind of host (the machine name).
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
 	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
 
-# The scratch range with its three injected regressions (about 7 commits x 9-10 minutes).
+# The scratch range with its three injected regressions (7 commits x 8-11.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch
 	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
 
