@@ -56,10 +56,10 @@ lint: $(STAMP)
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
 # asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
-# another host or another fixture start a series of their own. Expanded when a recipe runs, after
-# asv-fixture has made the fixture.
-ASV_MACHINE = $(shell PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)
-ASV_RUN = PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine --register && $(VENV)/bin/asv run --machine $(ASV_MACHINE)
+# another host or another fixture start a series of their own. Named when a recipe runs, after
+# asv-fixture has made the fixture, by one call that also registers it; its failure (no fixture:
+# exit 2) stops the recipe before asv runs.
+ASV_RUN = name=$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine --register) && $(VENV)/bin/asv run --machine "$$name"
 
 asv-fixture: $(STAMP)
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from mrcnn_bench.fixed_accuracy import Fixture
-from mrcnn_bench.store import cpu_model, cpuinfo_field
+from mrcnn_bench.store import cpu_model, cpuinfo_fields
 
 
 def slug(text: str) -> str:
@@ -38,9 +38,10 @@ def slug(text: str) -> str:
 
 def cpu_label(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The model name, and ``f<family>m<model>`` where ``cpuinfo`` has them: ``AMD EPYC f25m17``."""
-    family, model = cpuinfo_field("cpu family", cpuinfo), cpuinfo_field("model", cpuinfo)
+    fields = cpuinfo_fields(cpuinfo)
+    family, model = fields.get("cpu family"), fields.get("model")
     generation = f"f{family}m{model}" if family and model else ""
-    return f"{cpu_model(cpuinfo) or 'cpu'} {generation}".strip()
+    return f"{fields.get('model name') or cpu_model(cpuinfo) or 'cpu'} {generation}".strip()
 
 
 def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = None) -> str:

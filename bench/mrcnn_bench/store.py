@@ -63,19 +63,22 @@ def cpu_environment() -> dict[str, Any]:
     return env
 
 
-def cpuinfo_field(key: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
-    """The first processor's ``key`` field in ``cpuinfo`` (``model name``, ``cpu family``), or None."""
+def cpuinfo_fields(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The first processor's fields in ``cpuinfo`` (``model name``, ``cpu family``, ...); {} without it."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
         for line in cpuinfo.read_text().splitlines():
+            if not line.strip():
+                break  # the first processor's block ends at the first blank line
             name, sep, value = line.partition(":")
-            if sep and name.strip() == key:
-                return value.strip()
-    return None
+            if sep:
+                fields.setdefault(name.strip(), value.strip())
+    return fields
 
 
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     """The CPU's model name as the kernel reports it (``platform.processor()`` where there is no /proc)."""
-    return cpuinfo_field("model name", cpuinfo) or platform.processor() or None
+    return cpuinfo_fields(cpuinfo).get("model name") or platform.processor() or None
 
 
 def git(*args: str, cwd: Path = REPO) -> str | None:
