@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-same asv-commits asv-history \
+.PHONY: venv bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-same asv-commits asv-history asv-table \
 	asv-spread asv-publish asv-serve latency-study clean
 
 $(STAMP): pyproject.toml
@@ -80,6 +80,11 @@ asv-commits: asv-fixture
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
 	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
+
+# The held figures of every commit one machine has (this host's by default), oldest first.
+asv-table: $(STAMP)
+	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
+	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --out "results/asv/$$name.md"
 
 # The scratch range with its three injected regressions (7 commits x 8-11.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch

@@ -302,3 +302,40 @@ def test_by_default_inference_cases_get_several_processes_and_training_one_with_
     assert timed == [("static/eager", 40.0 / n), ("static/train", 40.0)] + [("static/eager", 40.0 / n)] * (n - 1)
     assert record.timing["static/eager"].record["processes"] == n
     assert record.timing["static/train"].record["processes"] == 1
+
+
+def _asv_result(folder: Path, commit: str, date_ms: int, ratio: float, box_error: float) -> None:
+    """A result file as asv writes it (api version 2), with the benchmarks asv_table reads."""
+    columns = ["result", "params", "version", "started_at", "duration"]
+    latency = ["'torchvision/eager'", "'static/eager'"]
+    counts = [["'static/xla'", "'static/inductor'"], ["'xla_compiles'", "'fallback_ops'", "'graphs'", "'graph_breaks'",
+                                                      "'recompiles'"]]
+    results = {
+        "benchmarks.Latency.track_ratio": [[1.0, ratio], [latency], "v", date_ms, 1.0],
+        "benchmarks.Training.track_ratio": [[1.2], [["'static/train'"]], "v", date_ms, 1.0],
+        "benchmarks.Compiles.track_count": [[2, 0, None, None, None, None, None, 2, 0, 1], counts, "v", date_ms, 1.0],
+        "benchmarks.Accuracy.track_box_error": [[box_error], [], "v", date_ms, 1.0],
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "machine.json").write_text(json.dumps({"machine": folder.name, "version": 1}))
+    (folder / f"{commit[:8]}-env-x.json").write_text(json.dumps({
+        "commit_hash": commit, "env_name": "env-x", "date": date_ms, "params": {"machine": folder.name},
+        "python": "3.11", "requirements": {}, "env_vars": {}, "result_columns": columns, "results": results,
+        "durations": {}, "version": 2,
+    }))
+
+
+def test_asv_table_orders_commits_by_date_and_reads_every_held_metric(tmp_path):
+    module = _script("asv_table")
+    machine = tmp_path / "m1"
+    _asv_result(machine, "b" * 40, 2_000_000_000_000, 1.10, 0.9)
+    _asv_result(machine, "a" * 40, 1_000_000_000_000, 0.98, 0.2)
+    frame = module.table(tmp_path, "m1")
+    assert list(frame["commit"]) == ["aaaaaaaa", "bbbbbbbb"]
+    assert list(frame["static/eager"]) == [0.98, 1.10] and list(frame["static/train"]) == [1.2, 1.2]
+    assert list(frame["compiles (xla; inductor)"]) == ["2, 0; 2, 0, 1"] * 2
+    assert list(frame["1 - box AP"]) == [0.2, 0.9] and frame["1 - mask AP"].isna().all()
+    out = tmp_path / "t.md"
+    assert module.main(["m1", "--results", str(tmp_path), "--out", str(out)]) == 0
+    assert out.read_text().startswith("# m1: 2 commits")
+    assert module.main(["nothing", "--results", str(tmp_path)]) == 2

@@ -1,0 +1,95 @@
+"""The held metrics of every commit one asv machine has results for, oldest first, as one table.
+
+    PYTHONPATH=bench python bench/asv_table.py MACHINE [--results results/asv] [--out FILE.md]
+
+Reads asv's result files through asv's own loader and prints, per commit (ordered by commit date):
+the ratio of each inference case and of the training step to the ruler, the compile counts (XLA
+compiles and fallbacks; inductor graphs, breaks, recompiles) and ``1 - AP`` for box and mask. These
+are the figures the history is judged on (``asv_flags.HELD``); the dashboard draws the rest. The
+commit's subject comes from git when the repository has the commit. Exit 2 when the machine has
+no results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+from asv.results import iter_results_for_machine
+
+RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
+COUNTS = "benchmarks.Compiles.track_count"
+ERRORS = {"1 - box AP": "benchmarks.Accuracy.track_box_error", "1 - mask AP": "benchmarks.Accuracy.track_mask_error"}
+
+
+def _values(result, key: str) -> dict[tuple[str, ...], float]:
+    """One benchmark's values by parameter combination (asv stores them flat, in product order)."""
+    if key not in result.get_all_result_keys():
+        return {}
+    params = [[p.strip("'") for p in axis] for axis in result.get_result_params(key)]
+    values = result.get_result_value(key, result.get_result_params(key))
+    return dict(zip(itertools.product(*params), values, strict=True))
+
+
+def _count(values: dict[tuple[str, ...], float], case: str, names: tuple[str, ...]) -> str:
+    got = [values.get((case, n)) for n in names]
+    return ", ".join("-" if v is None or v != v else f"{v:.0f}" for v in got)
+
+
+def _subject(repo: Path, commit: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%s", commit], capture_output=True, text=True, check=False
+    )
+    return done.stdout.strip()[:60] if done.returncode == 0 else ""
+
+
+def table(results: Path, machine: str, repo: Path | None = None) -> pd.DataFrame:
+    """One row per commit, oldest first; columns as the module docstring lists them."""
+    rows = []
+    for result in iter_results_for_machine(str(results), machine):
+        row: dict[str, object] = {
+            "commit": result.commit_hash[:8],
+            "date": datetime.fromtimestamp(result.date / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
+        }
+        if repo is not None:
+            row["subject"] = _subject(repo, result.commit_hash)
+        for key in RATIOS:
+            row.update({case[0]: value for case, value in _values(result, key).items()})
+        counts = _values(result, COUNTS)
+        row["compiles (xla; inductor)"] = (
+            _count(counts, "static/xla", ("xla_compiles", "fallback_ops"))
+            + "; "
+            + _count(counts, "static/inductor", ("graphs", "graph_breaks", "recompiles"))
+        )
+        for name, key in ERRORS.items():
+            row[name] = next(iter(_values(result, key).values()), float("nan"))
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values("date", kind="stable").reset_index(drop=True) if rows else pd.DataFrame()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("machine", help="asv's machine name (a folder under --results)")
+    parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    args = parser.parse_args(argv)
+    frame = table(args.results, args.machine, args.repo)
+    if frame.empty:
+        print(f"asv_table: no results for machine {args.machine!r} under {args.results}", file=sys.stderr)
+        return 2
+    text = frame.to_markdown(index=False, floatfmt=".4f")
+    print(text)
+    if args.out:
+        command = " ".join(["python bench/asv_table.py", *(argv if argv is not None else sys.argv[1:])])
+        args.out.write_text(f"# {args.machine}: {len(frame)} commits\n\n`{command}`\n\n{text}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
