@@ -84,7 +84,7 @@ asv-history: asv-fixture
 # The held figures of every commit one machine has (this host's by default), oldest first.
 asv-table: $(STAMP)
 	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
-	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --out "results/asv/$$name.md"
+	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --steps --out "results/asv/$$name.md"
 
 # The scratch range with its three injected regressions (7 commits x 8-11.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch

@@ -6,8 +6,9 @@ Reads asv's result files through asv's own loader and prints, per commit (ordere
 the ratio of each inference case and of the training step to the ruler, the compile counts (XLA
 compiles and fallbacks; inductor graphs, breaks, recompiles) and ``1 - AP`` for box and mask. These
 are the figures the history is judged on (``asv_flags.HELD``); the dashboard draws the rest. The
-commit's subject comes from git when the repository has the commit. Exit 2 when the machine has
-no results.
+commit's subject comes from git when the repository has the commit. ``--steps`` adds the levels
+asv's own step detection finds in each ratio, in both directions: the regressions page lists only
+increases, so an improvement shows here and nowhere else. Exit 2 when the machine has no results.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 from asv.results import iter_results_for_machine
+from asv.step_detect import detect_steps
 
 RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
 COUNTS = "benchmarks.Compiles.track_count"
@@ -50,8 +52,8 @@ def _subject(repo: Path, commit: str) -> str:
 
 def table(results: Path, machine: str, repo: Path | None = None) -> pd.DataFrame:
     """One row per commit, oldest first; columns as the module docstring lists them."""
-    rows = []
-    for result in iter_results_for_machine(str(results), machine):
+    rows, ratios = [], {}
+    for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
         row: dict[str, object] = {
             "commit": result.commit_hash[:8],
             "date": datetime.fromtimestamp(result.date / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
@@ -59,7 +61,9 @@ def table(results: Path, machine: str, repo: Path | None = None) -> pd.DataFrame
         if repo is not None:
             row["subject"] = _subject(repo, result.commit_hash)
         for key in RATIOS:
-            row.update({case[0]: value for case, value in _values(result, key).items()})
+            cases = {case[0]: value for case, value in _values(result, key).items()}
+            row.update(cases)
+            ratios.update(dict.fromkeys(cases))
         counts = _values(result, COUNTS)
         row["compiles (xla; inductor)"] = (
             _count(counts, "static/xla", ("xla_compiles", "fallback_ops"))
@@ -69,7 +73,29 @@ def table(results: Path, machine: str, repo: Path | None = None) -> pd.DataFrame
         for name, key in ERRORS.items():
             row[name] = next(iter(_values(result, key).values()), float("nan"))
         rows.append(row)
-    return pd.DataFrame(rows).sort_values("date", kind="stable").reset_index(drop=True) if rows else pd.DataFrame()
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    frame.attrs["ratios"] = list(ratios)  # which columns are ratios to the ruler, for levels()
+    return frame
+
+
+def levels(frame: pd.DataFrame) -> pd.DataFrame:
+    """The levels ``asv.step_detect.detect_steps`` finds in each ratio column: one row per level."""
+    rows = []
+    for column in frame.attrs["ratios"]:
+        values = frame[column].tolist()
+        for left, right, value, _low, _err in detect_steps(values):
+            rows.append(
+                {
+                    "ratio": column,
+                    "from": frame["commit"][left],
+                    "to": frame["commit"][right - 1],
+                    "commits": right - left,
+                    "level": value,
+                }
+            )
+    return pd.DataFrame(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,12 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    parser.add_argument("--steps", action="store_true", help="also the levels asv's step detection finds")
     args = parser.parse_args(argv)
     frame = table(args.results, args.machine, args.repo)
     if frame.empty:
         print(f"asv_table: no results for machine {args.machine!r} under {args.results}", file=sys.stderr)
         return 2
     text = frame.to_markdown(index=False, floatfmt=".4f")
+    if args.steps:
+        steps = levels(frame).to_markdown(index=False, floatfmt=".4f")
+        text += f"\n\nLevels (asv.step_detect, oldest first):\n\n{steps}"
     print(text)
     if args.out:
         command = " ".join(["python bench/asv_table.py", *(argv if argv is not None else sys.argv[1:])])

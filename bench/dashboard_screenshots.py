@@ -17,7 +17,7 @@ Writes into ``--out``: ``index.png`` (the benchmark grid), ``graph.png`` (the fi
 ``index.json``, or ``--benchmark``, at the URL asv's own links use), ``regressions.png``, ``index.dom.html`` (the index
 DOM after the scripts ran) and ``commands.txt`` (the exact command lines). Exits 1 if the DOM shows
 asv's "dependencies failed to load" error page or lists no benchmark (the scripts did not run),
-2 if there is nothing to serve or no Chromium.
+or if the graph page drew no series (its parameters select nothing), 2 if there is nothing to serve or no Chromium.
 """
 
 from __future__ import annotations
@@ -79,20 +79,27 @@ def _encode(value: str) -> str:
 
 
 def graph_hash(index: dict, name: str, chosen: dict[str, str] | None = None) -> str:
-    """The hash of ``name``'s graph page, as asv.js builds it (summarylist.js, ``format_hash_string``).
+    """The hash of ``name``'s graph page: ``#<name>?`` then ``key=value`` pairs joined by ``&``.
 
-    ``#<name>?`` then ``key=value`` pairs joined by ``&``: each machine/environment parameter with
-    more than one value (its first), then ``p-<param>`` with the first value of each benchmark
-    parameter. The name itself is not escaped, as in asv.js. ``chosen`` replaces values by key
-    (``branch``, ``p-case``, ...) or adds a parameter the page would otherwise leave at its default.
+    ``p-<param>`` with the first value of each benchmark parameter, then ``chosen`` (``branch``,
+    ``machine``, ``p-case``, ...), which replaces a value by key or adds a parameter. Machine and
+    environment parameters are left out unless chosen, as in the benchmark grid's links, so the
+    page selects every value of them and draws every machine's series. (asv's Benchmark list pins
+    each to its first value instead, which draws nothing where machines disagree, e.g. one
+    registered without its CPU fields.) Values are escaped as asv's ``format_hash_string`` does;
+    the name is not, as in asv.js.
     """
-    params = [(key, values[0]) for key, values in index.get("params", {}).items() if len(values) > 1]
     benchmark = index["benchmarks"][name]
-    params += [(f"p-{param}", values[0]) for param, values in
-               zip(benchmark.get("param_names", []), benchmark.get("params", []))]
+    params = [(f"p-{param}", values[0]) for param, values in
+              zip(benchmark.get("param_names", []), benchmark.get("params", []))]
     params = [(k, (chosen or {}).get(k, v)) for k, v in params]
     params += [(k, v) for k, v in (chosen or {}).items() if k not in dict(params)]
     return f"#{name}?" + "&".join(f"{_encode(k)}={_encode('[none]' if v is None else str(v))}" for k, v in params)
+
+
+def drew_series(dom: str) -> bool:
+    """Whether a graph page's DOM shows a plotted series: flot writes axis tick labels only for data."""
+    return "tickLabel" in dom
 
 
 def find_chromium(name: str | None) -> str:
@@ -186,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, page in pages.items():
                 chromium_run(f"--screenshot={args.out / (name + '.png')}", base + page)
             dom = chromium_run("--dump-dom", base + "index.html")
+            graph_dom = chromium_run("--dump-dom", base + pages["graph"])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"dashboard_screenshots: {e}", file=sys.stderr)
         return 2
@@ -197,12 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     listed = f'href="#{first}"' in dom  # summarygrid.js links every benchmark: the scripts ran
     for name in pages:
         print(f"dashboard_screenshots: {args.out / (name + '.png')}")
-    if failed or not listed:
-        why = f"the DOM shows {failed[0]!r}" if failed else f"the benchmark grid does not list {first}"
+    drew = drew_series(graph_dom)
+    if failed or not listed or not drew:
+        if failed:
+            why = f"the DOM shows {failed[0]!r}"
+        elif not listed:
+            why = f"the benchmark grid does not list {first}"
+        else:
+            why = f"the graph page of {graphed} drew no series (check --param against index.json)"
         print(f"dashboard_screenshots: the dashboard did not render: {why} (see {args.out / 'index.dom.html'})",
               file=sys.stderr)
         return 1
-    print(f"dashboard_screenshots: rendered with no network; the grid lists {first} and the other benchmarks")
+    print(f"dashboard_screenshots: rendered with no network; the grid lists {first} and the other benchmarks, "
+          f"and the graph of {graphed} drew its series")
     return 0
 
 

@@ -339,3 +339,28 @@ def test_asv_table_orders_commits_by_date_and_reads_every_held_metric(tmp_path):
     assert module.main(["m1", "--results", str(tmp_path), "--out", str(out)]) == 0
     assert out.read_text().startswith("# m1: 2 commits")
     assert module.main(["nothing", "--results", str(tmp_path)]) == 2
+
+
+def test_asv_table_levels_show_a_step_in_either_direction(tmp_path):
+    """An improvement is a level too: the regressions page would not list it."""
+    module = _script("asv_table")
+    for k, ratio in enumerate((1.30, 1.31, 1.29, 1.00, 1.01, 0.99)):
+        _asv_result(tmp_path / "m1", f"{k}" * 40, 1_000_000_000_000 + k * 1000, ratio, 0.2)
+    levels = module.levels(module.table(tmp_path, "m1"))
+    eager = levels[levels["ratio"] == "static/eager"]
+    assert list(eager["from"]) == ["00000000", "33333333"] and list(eager["commits"]) == [3, 3]
+    assert list(levels[levels["ratio"] == "static/train"]["commits"]) == [6]
+
+
+def test_screenshot_graph_hash_leaves_machine_fields_free_unless_chosen():
+    """Pinning each machine field to its first value selects nothing where machines disagree."""
+    module = _script("dashboard_screenshots")
+    index = {
+        "params": {"arch": [None, "x86_64"], "machine": ["a", "b"]},
+        "benchmarks": {"L.track_ratio": {"param_names": ["case"], "params": [["'static/eager'", "'static/xla'"]]}},
+    }
+    assert module.graph_hash(index, "L.track_ratio") == "#L.track_ratio?p-case='static%2Feager'"
+    chosen = {"branch": "main", "p-case": "'static/xla'"}
+    assert module.graph_hash(index, "L.track_ratio", chosen) == "#L.track_ratio?p-case='static%2Fxla'&branch=main"
+    assert module.drew_series('<div class="flot-tick-label tickLabel">1.2</div>')
+    assert not module.drew_series('<div class="flot-base"></div>')
