@@ -1,6 +1,6 @@
 """The held metrics of every commit one asv machine has results for, oldest first, as one table.
 
-    PYTHONPATH=bench python bench/asv_table.py MACHINE [--results results/asv] [--out FILE.md]
+    PYTHONPATH=bench python bench/asv_table.py MACHINE [--steps] [--results results/asv] [--repo .] [--out FILE.md]
 
 Reads asv's result files through asv's own loader and prints, per commit (ordered by commit date):
 the ratio of each inference case and of the training step to the ruler, the compile counts (XLA

@@ -14,10 +14,11 @@ drawing finish before the capture without a fixed sleep.
 run's page) at 1400 px wide, the width at which a report table must still show every column.
 
 Writes into ``--out``: ``index.png`` (the benchmark grid), ``graph.png`` (the first benchmark of
-``index.json``, or ``--benchmark``, at the URL asv's own links use), ``regressions.png``, ``index.dom.html`` (the index
-DOM after the scripts ran) and ``commands.txt`` (the exact command lines). Exits 1 if the DOM shows
-asv's "dependencies failed to load" error page or lists no benchmark (the scripts did not run),
-or if the graph page drew no series (its parameters select nothing), 2 if there is nothing to serve or no Chromium.
+``index.json``, or ``--benchmark``, at the URL of the benchmark grid's links plus ``--param``),
+``regressions.png``, ``index.dom.html`` and ``graph.dom.html`` (the DOMs after the scripts ran) and
+``commands.txt`` (the exact command lines). Exits 1 if the DOM shows asv's "dependencies failed to
+load" error page or lists no benchmark (the scripts did not run), or if the graph page drew no
+series (its parameters select nothing); 2 if there is nothing to serve or no Chromium.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         # The port changes with each run; the commands are kept as run, for the record.
         (args.out / "commands.txt").write_text("\n".join(commands) + "\n")
     (args.out / "index.dom.html").write_text(dom)
+    (args.out / "graph.dom.html").write_text(graph_dom)
     failed = [m for m in FAILURE_MARKERS if m in dom]
     listed = f'href="#{first}"' in dom  # summarygrid.js links every benchmark: the scripts ran
     for name in pages:
@@ -213,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             why = f"the benchmark grid does not list {first}"
         else:
             why = f"the graph page of {graphed} drew no series (check --param against index.json)"
-        print(f"dashboard_screenshots: the dashboard did not render: {why} (see {args.out / 'index.dom.html'})",
-              file=sys.stderr)
+        seen = args.out / ("index.dom.html" if failed or not listed else "graph.dom.html")
+        print(f"dashboard_screenshots: the dashboard did not render: {why} (see {seen})", file=sys.stderr)
         return 1
     print(f"dashboard_screenshots: rendered with no network; the grid lists {first} and the other benchmarks, "
           f"and the graph of {graphed} drew its series")
