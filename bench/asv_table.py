@@ -33,9 +33,9 @@ def _values(result, key: str) -> dict[tuple[str, ...], float]:
     """One benchmark's values by parameter combination (asv stores them flat, in product order)."""
     if key not in result.get_all_result_keys():
         return {}
-    params = [[p.strip("'") for p in axis] for axis in result.get_result_params(key)]
-    values = result.get_result_value(key, result.get_result_params(key))
-    return dict(zip(itertools.product(*params), values, strict=True))
+    stored = result.get_result_params(key)
+    names = [[p.strip("'") for p in axis] for axis in stored]
+    return dict(zip(itertools.product(*names), result.get_result_value(key, stored), strict=True))
 
 
 def _count(values: dict[tuple[str, ...], float], case: str, names: tuple[str, ...]) -> str:
