@@ -75,7 +75,7 @@ asv-commits: asv-fixture
 
 # main's history; resumable (commits already measured are skipped). The commits that change the
 # code under test (mrcnn/ or the dependencies): the harness comes from this checkout, so every other
-# commit measures the same code as the last of these before it. About 17 commits x 8-11.5 minutes,
+# commit measures the same code as the last of these before it. About 17 commits x 8-13.5 minutes,
 # by host: more than one sitting may add to it, on the same kind of host (the machine name).
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
@@ -86,7 +86,7 @@ asv-table: $(STAMP)
 	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
 	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --steps --out "results/asv/$$name.md"
 
-# The scratch range with its three injected regressions (7 commits x 8-11.5 minutes).
+# The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch
 	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
 
