@@ -81,10 +81,13 @@ asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
 	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
 
-# The held figures of every commit one machine has (this host's by default), oldest first.
+# The held figures of every commit one machine has (this host's by default), oldest first. A
+# machine that holds main's history and the scratch range needs one table per line of commits:
+# REVS=main (or REVS=$(SCRATCH_RANGE)) keeps the commits git rev-list names, OUT names the file.
 asv-table: $(STAMP)
 	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
-	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --steps --out "results/asv/$$name.md"
+	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --steps $(if $(REVS),--revs '$(REVS)') \
+		--out "$${OUT:-results/asv/$$name.md}"
 
 # The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch

@@ -1,6 +1,7 @@
 """The held metrics of every commit one asv machine has results for, oldest first, as one table.
 
-    PYTHONPATH=bench python bench/asv_table.py MACHINE [--steps] [--results results/asv] [--repo .] [--out FILE.md]
+    PYTHONPATH=bench python bench/asv_table.py MACHINE [--revs REVS] [--steps] [--results results/asv] [--repo .]
+        [--out FILE.md]
 
 Reads asv's result files through asv's own loader and prints, per commit (ordered by commit date):
 the ratio of each inference case and of the training step to the ruler, the compile counts (XLA
@@ -8,7 +9,10 @@ compiles and fallbacks; inductor graphs, breaks, recompiles) and ``1 - AP`` for 
 are the figures the history is judged on (``asv_flags.HELD``); the dashboard draws the rest. The
 commit's subject comes from git when the repository has the commit. ``--steps`` adds the levels
 asv's own step detection finds in each ratio, in both directions: the regressions page lists only
-increases, so an improvement shows here and nowhere else. Exit 2 when the machine has no results.
+increases, so an improvement shows here and nowhere else. ``--revs`` keeps the commits ``git rev-list
+REVS`` names (``main``; ``asv-scratch~7..asv-scratch``): one machine may hold main's history and the
+scratch range, whose commits interleave by date, and steps are only meaningful along one line of
+commits. Exit 2 when the machine has no results there, or git cannot read REVS.
 """
 
 from __future__ import annotations
@@ -50,10 +54,22 @@ def _subject(repo: Path, commit: str) -> str:
     return done.stdout.strip()[:60] if done.returncode == 0 else ""
 
 
-def table(results: Path, machine: str, repo: Path | None = None) -> pd.DataFrame:
-    """One row per commit, oldest first; columns as the module docstring lists them."""
+def commits(repo: Path, revs: str) -> set[str]:
+    """The full hashes ``git rev-list REVS`` lists in ``repo``; ValueError when git cannot read REVS."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-list", revs], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {done.stderr.strip()}")
+    return set(done.stdout.split())
+
+
+def table(results: Path, machine: str, repo: Path | None = None, only: set[str] | None = None) -> pd.DataFrame:
+    """One row per commit (of ``only``, full hashes, when given), oldest first; columns as the module
+    docstring lists them."""
     rows, ratios = [], {}
-    for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
+    stored = iter_results_for_machine(str(results), machine)
+    for result in sorted(stored, key=lambda r: r.date):
+        if only is not None and result.commit_hash not in only:
+            continue
         row: dict[str, object] = {
             "commit": result.commit_hash[:8],
             "date": datetime.fromtimestamp(result.date / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
@@ -104,11 +120,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    parser.add_argument("--revs", default=None, help="only the commits `git rev-list REVS` lists (default: all)")
     parser.add_argument("--steps", action="store_true", help="also the levels asv's step detection finds")
     args = parser.parse_args(argv)
-    frame = table(args.results, args.machine, args.repo)
+    try:
+        only = None if args.revs is None else commits(args.repo, args.revs)
+    except ValueError as error:
+        print(f"asv_table: {error}", file=sys.stderr)
+        return 2
+    frame = table(args.results, args.machine, args.repo, only)
+    where = args.results if args.revs is None else f"{args.results} among {args.revs}"
     if frame.empty:
-        print(f"asv_table: no results for machine {args.machine!r} under {args.results}", file=sys.stderr)
+        print(f"asv_table: no results for machine {args.machine!r} under {where}", file=sys.stderr)
         return 2
     text = frame.to_markdown(index=False, floatfmt=".4f")
     if args.steps:
@@ -117,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         command = " ".join(["python bench/asv_table.py", *(argv if argv is not None else sys.argv[1:])])
-        args.out.write_text(f"# {args.machine}: {len(frame)} commits\n\n`{command}`\n\n{text}\n")
+        among = "" if args.revs is None else f" of {args.revs}"
+        args.out.write_text(f"# {args.machine}: {len(frame)} commits{among}\n\n`{command}`\n\n{text}\n")
     return 0
 
 

@@ -6,6 +6,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -350,6 +351,35 @@ def test_asv_table_levels_show_a_step_in_either_direction(tmp_path):
     eager = levels[levels["ratio"] == "static/eager"]
     assert list(eager["from"]) == ["00000000", "33333333"] and list(eager["commits"]) == [3, 3]
     assert list(levels[levels["ratio"] == "static/train"]["commits"]) == [6]
+
+
+def test_asv_table_keeps_the_commits_revs_names(tmp_path):
+    """One machine may hold main's history and the scratch range, which interleave by date."""
+    module = _script("asv_table")
+    repo = tmp_path / "repo"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run(["git", "init", "--quiet", str(repo)], check=True)
+    hashes = []
+    for k in range(3):
+        subprocess.run([*git, "commit", "--quiet", "--allow-empty", "-m", f"c{k}"], check=True)
+        done = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        hashes.append(done.stdout.strip())
+    results = tmp_path / "results"
+    for k, commit in enumerate(hashes):
+        _asv_result(results / "m1", commit, 1_000_000_000_000 + k * 1000, 1.0, 0.2)
+    _asv_result(results / "m1", "f" * 40, 1_000_000_000_500, 1.3, 0.2)  # another line of commits, between them
+    assert len(module.table(results, "m1")) == 4
+    assert module.commits(repo, "HEAD~1..HEAD") == {hashes[2]}
+    frame = module.table(results, "m1", only=module.commits(repo, "HEAD"))
+    assert list(frame["commit"]) == [h[:8] for h in hashes]
+    out = tmp_path / "t.md"
+    assert module.main(["m1", "--results", str(results), "--repo", str(repo), "--revs", "HEAD~1..HEAD",
+                        "--out", str(out)]) == 0
+    assert out.read_text().startswith("# m1: 1 commits of HEAD~1..HEAD")
+    with pytest.raises(ValueError, match="no-such-branch"):
+        module.commits(repo, "no-such-branch")
+    assert module.main(["m1", "--results", str(results), "--repo", str(repo), "--revs", "no-such-branch"]) == 2
+    assert module.main(["nothing", "--results", str(results), "--repo", str(repo), "--revs", "HEAD"]) == 2
 
 
 def test_screenshot_graph_hash_leaves_machine_fields_free_unless_chosen():
