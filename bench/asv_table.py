@@ -66,8 +66,7 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
     """One row per commit (of ``only``, full hashes, when given), oldest first; columns as the module
     docstring lists them."""
     rows, ratios = [], {}
-    stored = iter_results_for_machine(str(results), machine)
-    for result in sorted(stored, key=lambda r: r.date):
+    for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
         if only is not None and result.commit_hash not in only:
             continue
         row: dict[str, object] = {
@@ -129,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asv_table: {error}", file=sys.stderr)
         return 2
     frame = table(args.results, args.machine, args.repo, only)
-    where = args.results if args.revs is None else f"{args.results} among {args.revs}"
+    among = "" if args.revs is None else f" of {args.revs}"
     if frame.empty:
-        print(f"asv_table: no results for machine {args.machine!r} under {where}", file=sys.stderr)
+        print(f"asv_table: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
         return 2
     text = frame.to_markdown(index=False, floatfmt=".4f")
     if args.steps:
@@ -140,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         command = " ".join(["python bench/asv_table.py", *(argv if argv is not None else sys.argv[1:])])
-        among = "" if args.revs is None else f" of {args.revs}"
         args.out.write_text(f"# {args.machine}: {len(frame)} commits{among}\n\n`{command}`\n\n{text}\n")
     return 0
 
