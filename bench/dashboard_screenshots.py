@@ -16,9 +16,11 @@ run's page) at 1400 px wide, the width at which a report table must still show e
 Writes into ``--out``: ``index.png`` (the benchmark grid), ``graph.png`` (the first benchmark of
 ``index.json``, or ``--benchmark``, at the URL of the benchmark grid's links plus ``--param``),
 ``regressions.png``, ``index.dom.html`` and ``graph.dom.html`` (the DOMs after the scripts ran) and
-``commands.txt`` (the exact command lines). Exits 1 if the DOM shows asv's "dependencies failed to
-load" error page or lists no benchmark (the scripts did not run), or if the graph page drew no
-series (its parameters select nothing); 2 if there is nothing to serve or no Chromium.
+``commands.txt`` (the exact command lines); ``--pages graph`` (or any subset holding the index or
+the graph) takes only those, so that a second folder of graphs does not repeat the index. Exits 1
+if a DOM shows asv's "dependencies failed to load" error page, the index lists no benchmark (the
+scripts did not run), or the graph page drew no series (its parameters select nothing); 2 if there
+is nothing to serve, no Chromium, or a bad option.
 """
 
 from __future__ import annotations
@@ -103,6 +105,22 @@ def drew_series(dom: str) -> bool:
     return "tickLabel" in dom
 
 
+PAGES = ("index", "graph", "regressions")
+
+
+def not_rendered(doms: dict[str, str], first: str, graphed: str) -> str | None:
+    """Why the dashboard did not render, from the DOMs taken (``index`` and/or ``graph``), or None."""
+    for page, dom in doms.items():
+        failed = [m for m in FAILURE_MARKERS if m in dom]
+        if failed:
+            return f"the {page} page's DOM shows {failed[0]!r}"
+    if "index" in doms and f'href="#{first}"' not in doms["index"]:  # summarygrid.js links every benchmark
+        return f"the benchmark grid does not list {first}"
+    if "graph" in doms and not drew_series(doms["graph"]):
+        return f"the graph page of {graphed} drew no series (check --param against index.json)"
+    return None
+
+
 def find_chromium(name: str | None) -> str:
     for candidate in (name,) if name else CHROMIUM_NAMES:
         path = shutil.which(candidate)
@@ -141,7 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--benchmark", default=None,
                         help="the benchmark of graph.png (default: the first in index.json)")
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                        help="a graph parameter as asv's URL names it, e.g. branch=asv-scratch or p-case=static/eager")
+                        help="a graph parameter as asv's URL names it, e.g. branch=asv-scratch or "
+                             "p-case=\"'static/eager'\" (asv quotes a string parameter's value; unquoted, it "
+                             "selects nothing)")
+    parser.add_argument("--pages", default=",".join(PAGES),
+                        help="the pages to take, a comma list of " + ", ".join(PAGES)
+                        + " holding index or graph (default: all)")
     parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
                         + ", ".join(CHROMIUM_NAMES) + " on PATH)")
     args = parser.parse_args(argv)
@@ -172,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dashboard_screenshots: --param {bad[0]!r} is not KEY=VALUE", file=sys.stderr)
         return 2
     chosen = dict(p.split("=", 1) for p in args.param)
+    taken = [p.strip() for p in args.pages.split(",") if p.strip()]
+    if set(taken) - set(PAGES) or not {"index", "graph"} & set(taken):
+        print(f"dashboard_screenshots: --pages {args.pages!r}: a comma list of {', '.join(PAGES)} "
+              "holding index or graph (the pages whose DOM shows whether the scripts ran)", file=sys.stderr)
+        return 2
     if graphed not in index["benchmarks"]:
         print(f"dashboard_screenshots: no benchmark {graphed} in {index_json}", file=sys.stderr)
         return 2
@@ -186,40 +214,36 @@ def main(argv: list[str] | None = None) -> int:
             raise RuntimeError(f"chromium exited {done.returncode}: {done.stderr.strip()[-500:]}")
         return done.stdout
 
+    doms: dict[str, str] = {}
     try:
         with serve(args.html_dir) as base:
-            pages = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed, chosen),
-                     "regressions": "index.html#regressions"
-                     + (f"?branch={_encode(chosen['branch'])}" if "branch" in chosen else "")}
+            urls = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed, chosen),
+                    "regressions": "index.html#regressions"
+                    + (f"?branch={_encode(chosen['branch'])}" if "branch" in chosen else "")}
+            pages = {name: urls[name] for name in PAGES if name in taken}
             for name, page in pages.items():
                 chromium_run(f"--screenshot={args.out / (name + '.png')}", base + page)
-            dom = chromium_run("--dump-dom", base + "index.html")
-            graph_dom = chromium_run("--dump-dom", base + pages["graph"])
+            for name in ("index", "graph"):
+                if name in pages:
+                    doms[name] = chromium_run("--dump-dom", base + pages[name])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
         print(f"dashboard_screenshots: {e}", file=sys.stderr)
         return 2
     finally:
         # The port changes with each run; the commands are kept as run, for the record.
         (args.out / "commands.txt").write_text("\n".join(commands) + "\n")
-    (args.out / "index.dom.html").write_text(dom)
-    (args.out / "graph.dom.html").write_text(graph_dom)
-    failed = [m for m in FAILURE_MARKERS if m in dom]
-    listed = f'href="#{first}"' in dom  # summarygrid.js links every benchmark: the scripts ran
+    for name, dom in doms.items():
+        (args.out / f"{name}.dom.html").write_text(dom)
     for name in pages:
         print(f"dashboard_screenshots: {args.out / (name + '.png')}")
-    drew = drew_series(graph_dom)
-    if failed or not listed or not drew:
-        if failed:
-            why = f"the DOM shows {failed[0]!r}"
-        elif not listed:
-            why = f"the benchmark grid does not list {first}"
-        else:
-            why = f"the graph page of {graphed} drew no series (check --param against index.json)"
-        seen = args.out / ("index.dom.html" if failed or not listed else "graph.dom.html")
+    why = not_rendered(doms, first, graphed)
+    if why:
+        seen = ", ".join(str(args.out / f"{name}.dom.html") for name in doms)
         print(f"dashboard_screenshots: the dashboard did not render: {why} (see {seen})", file=sys.stderr)
         return 1
-    print(f"dashboard_screenshots: rendered with no network; the grid lists {first} and the other benchmarks, "
-          f"and the graph of {graphed} drew its series")
+    seen_ok = {"index": f"the grid lists {first} and the other benchmarks",
+               "graph": f"the graph of {graphed} drew its series"}
+    print("dashboard_screenshots: rendered with no network; " + ", and ".join(seen_ok[name] for name in doms))
     return 0
 
 

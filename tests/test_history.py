@@ -123,6 +123,33 @@ def test_asv_machine_registers_the_host_fields(tmp_path, monkeypatch):
     entry = json.loads((tmp_path / ".asv-machine.json").read_text())["amd-epyc-2c-fx37278115"]
     assert entry["machine"] == "amd-epyc-2c-fx37278115"
     assert entry["num_cpu"] and entry["cpu"] and entry["os"] and entry["arch"] and entry["ram"]
+    assert entry == asv_machine.stable_fields(entry)
+
+
+def test_asv_machine_keeps_one_series_when_the_vm_build_changes(tmp_path):
+    """A new kernel build or a few hundred kB of memory must not split a machine's graphs in two."""
+    old = {"arch": "x86_64", "cpu": "AMD EPYC", "machine": "m", "num_cpu": "2",
+           "os": "Linux 6.18.44-fc-v669", "ram": "25276502016"}
+    new = asv_machine.stable_fields({**old, "os": "Linux 6.18.44-fc-v769", "ram": "25276063744"})
+    assert new == asv_machine.stable_fields(old) == {**old, "os": "Linux 6.18", "ram": "24 GiB"}
+    assert asv_machine.stable_fields({"os": "Darwin", "ram": ""}) == {"os": "Darwin", "ram": ""}
+    (tmp_path / "m").mkdir()
+    result = {"commit_hash": "abc", "params": {**old, "python": "3.11"}, "results": {"x": [1.5]}, "version": 2}
+    (tmp_path / "m" / "abc-env-1.json").write_text(json.dumps(result))
+    (tmp_path / "m" / "machine.json").write_text(json.dumps({**old, "version": 1}, indent=4))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "def-env-1.json").write_text(json.dumps(result))
+    assert asv_machine.align_results(tmp_path, new) == 2
+    aligned = json.loads((tmp_path / "m" / "abc-env-1.json").read_text())
+    assert aligned == {**result, "params": {**new, "python": "3.11"}}  # the measured values untouched
+    assert json.loads((tmp_path / "m" / "machine.json").read_text()) == {**new, "version": 1}
+    assert json.loads((tmp_path / "other" / "def-env-1.json").read_text()) == result  # another machine's
+    assert asv_machine.align_results(tmp_path, new) == 0  # idempotent
+    (tmp_path / "m" / "notes.json").write_text('{"no": "params"}')
+    assert asv_machine.align_results(tmp_path, new) == 0  # not a result file: left alone
+    (tmp_path / "m" / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match=r"broken\.json is not asv's JSON"):
+        asv_machine.align_results(tmp_path, new)
 
 
 @pytest.fixture
@@ -215,6 +242,26 @@ def test_flags_name_the_machine_of_each_step(tmp_path):
     assert [(r["machine"], r["branch"], r["commit"], r["after"]) for r in rows] == [
         ("amd-epyc-2c-fx37278115", "asv-scratch", "def", 1.1), ("other", "", "abc", 0.9)
     ]
+
+
+def test_flags_verdict_holds_the_range_and_names_main_s_steps():
+    """Held flags on the range must be its injected commits; one on main's history is named, not counted."""
+    verdict = _script("asv_flags").verdict
+    kinds = {"s1": "slowdown", "r1": "recompile", "a1": "accuracy", "n1": "noop", "n2": "noop"}
+
+    def row(commit, benchmark="benchmarks.Latency.track_ratio('static/eager')"):
+        return {"benchmark": benchmark, "commit": commit}
+
+    injected = [row("s1"), row("r1", "benchmarks.Compiles.track_count('static/xla', 'xla_compiles')"),
+                row("a1", "benchmarks.Accuracy.track_box_error")]
+    ok, lines = verdict([*injected, row("n1", "benchmarks.Latency.track_seconds('static/eager')"),
+                         row("5505aa86fb00")], kinds)
+    assert ok and "3 of the 3 injected commits and 0 other" in lines[0]
+    assert lines[1].startswith("Held metrics on main's commits: 1 commit(s) flagged (5505aa86fb)")
+    ok, lines = verdict([*injected, row("n2")], kinds)
+    assert not ok and "1 other commit(s)" in lines[0] and "does NOT hold" in lines[0]
+    ok, lines = verdict(injected[:2], kinds)
+    assert not ok and "2 of the 3" in lines[0] and lines[1].endswith("0 commit(s) flagged.")
 
 
 def test_spread_summary_of_repeated_runs(tmp_path):
@@ -394,3 +441,15 @@ def test_screenshot_graph_hash_leaves_machine_fields_free_unless_chosen():
     assert module.graph_hash(index, "L.track_ratio", chosen) == "#L.track_ratio?p-case='static%2Fxla'&branch=main"
     assert module.drew_series('<div class="flot-tick-label tickLabel">1.2</div>')
     assert not module.drew_series('<div class="flot-base"></div>')
+
+
+def test_screenshot_verdict_reads_whichever_pages_were_taken():
+    """The index proves the scripts ran by listing the first benchmark; a graph, by drawing ticks."""
+    not_rendered = _script("dashboard_screenshots").not_rendered
+    grid, graph = '<a href="#A.track_x">x</a>', '<div class="tickLabel">1.2</div>'
+    assert not_rendered({"index": grid, "graph": graph}, "A.track_x", "B.track_y") is None
+    assert not_rendered({"graph": graph}, "A.track_x", "B.track_y") is None  # --pages graph
+    assert "does not list A.track_x" in not_rendered({"index": "<body></body>"}, "A.track_x", "B")
+    assert "B.track_y drew no series" in not_rendered({"graph": "<div></div>"}, "A.track_x", "B.track_y")
+    failed = not_rendered({"graph": graph + "JavaScript dependencies failed to load"}, "A.track_x", "B")
+    assert failed.startswith("the graph page's DOM shows")

@@ -15,7 +15,12 @@ bare ``AMD EPYC`` for CPU generations whose speeds differ. The ``make asv-*`` ta
 and pass it to ``asv run --machine``.
 
 ``--register`` records the name with the host's OS, CPU, cores and memory (asv's defaults for
-them): ``asv machine --yes --machine NAME`` stores the name alone.
+them, ``os`` and ``ram`` coarsened: :func:`stable_fields`): ``asv machine --yes --machine NAME``
+stores the name alone. asv draws one graph per combination of every machine field, not per name,
+so a field that moves while the host's kind does not (the VM's kernel build, ``6.18.44-fc-v669``
+then ``-v769``, and a few hundred kB of memory between two boots) would split one machine's series
+in two, each with its own step detection. ``--register`` therefore also aligns the fields of the
+results already stored under the name (:func:`align_results`).
 """
 
 from __future__ import annotations
@@ -55,25 +60,74 @@ def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = N
     return f"{slug(cpu if cpu is not None else cpu_label())}-{cores}c-fx{sha[:8]}"
 
 
-def register(name: str) -> None:
-    """Record ``name`` in asv's machine file with the host's fields (asv's own defaults for them)."""
+def stable_fields(fields: dict[str, str]) -> dict[str, str]:
+    """asv's machine fields with ``os`` cut to the kernel's major.minor and ``ram`` to whole GiB.
+
+    ``{"os": "Linux 6.18.44-fc-v769", "ram": "25276063744"}`` -> ``{"os": "Linux 6.18", "ram": "24 GiB"}``;
+    other fields, and values that do not parse, are kept as they are.
+    """
+    out = dict(fields)
+    release = re.fullmatch(r"(\S+) (\d+\.\d+)\S*", fields.get("os", ""))
+    if release:
+        out["os"] = f"{release[1]} {release[2]}"
+    if fields.get("ram", "").isdigit():
+        out["ram"] = f"{round(int(fields['ram']) / 2**30)} GiB"
+    return out
+
+
+def register(name: str) -> dict[str, str]:
+    """Record ``name`` in asv's machine file with the host's stable fields; returns them."""
     # Imported here: printing the name needs no asv, and asv is only in the bench extra.
     from asv.machine import Machine, MachineCollection
 
     # Not `asv machine --yes --cpu ...`: asv passes on only the fields that differ from its
     # defaults, and with a name of its own and nothing else it stores the name alone.
-    MachineCollection.save(name, {**Machine.get_defaults(), "machine": name})
+    fields = stable_fields({**Machine.get_defaults(), "machine": name})
+    MachineCollection.save(name, fields)
+    return fields
+
+
+def align_results(results: Path, fields: dict[str, str]) -> int:
+    """Give every result stored for ``fields["machine"]`` under ``results`` those machine fields.
+
+    ``results/<machine>/*.json`` (asv's result files: their ``params``, and ``machine.json``).
+    Only the machine's own fields change, never a measured value. Returns how many files changed.
+    """
+    changed = 0
+    for path in sorted((results / fields["machine"]).glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except ValueError as e:
+            raise ValueError(f"{path} is not asv's JSON: {e}") from None
+        if path.name == "machine.json":
+            target = record
+        elif isinstance(record.get("params"), dict):
+            target = record["params"]
+        else:
+            continue  # not a result file
+        if all(target.get(k) == v for k, v in fields.items()):
+            continue
+        target.update(fields)
+        path.write_text(json.dumps(record, indent=4 if path.name == "machine.json" else None))
+        changed += 1
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.asv_machine", description=__doc__.split("\n")[0])
-    parser.add_argument("--register", action="store_true", help="also record the machine for asv run --machine")
+    parser.add_argument("--register", action="store_true",
+                        help="also record the machine for asv run --machine, and align its stored results' fields")
+    parser.add_argument("--results", type=Path, default=Path("results/asv"),
+                        help="asv's results_dir, for --register (default: results/asv)")
     args = parser.parse_args(argv)
     try:
         name = machine_name(Fixture.default())
         if args.register:
-            register(name)
-    except FileNotFoundError as e:
+            changed = align_results(args.results, register(name))
+            if changed:
+                print(f"mrcnn_bench.asv_machine: {changed} stored result(s) of {name} given its registered "
+                      "os and ram, so that they stay one series", file=sys.stderr)
+    except (FileNotFoundError, ValueError) as e:
         print(f"mrcnn_bench.asv_machine: {e}", file=sys.stderr)
         return 2
     print(name)
