@@ -44,6 +44,8 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrom
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
          "--window-size=1400,1000", "--virtual-time-budget=15000"]
 CHROMIUM_TIMEOUT_S = 180
+# The dashboard pages a run can take (--pages); the index or the graph shows whether the scripts ran.
+PAGES = ("index", "graph", "regressions")
 # What the DOM holds when a dependency failed: asv's error.html (its onerror handlers redirect
 # there), and the wording this check was asked for, should a later asv show it inline.
 FAILURE_MARKERS = ("JavaScript dependencies failed to load", "dependencies of airspeed velocity failed to load",
@@ -103,9 +105,6 @@ def graph_hash(index: dict, name: str, chosen: dict[str, str] | None = None) -> 
 def drew_series(dom: str) -> bool:
     """Whether a graph page's DOM shows a plotted series: flot writes axis tick labels only for data."""
     return "tickLabel" in dom
-
-
-PAGES = ("index", "graph", "regressions")
 
 
 def not_rendered(doms: dict[str, str], first: str, graphed: str) -> str | None:
