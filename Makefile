@@ -37,7 +37,7 @@ unit: $(STAMP)
 # every quick case listed in --expect ran (a suite that silently skips everything must not pass).
 bench-quick: $(STAMP)
 	mkdir -p $(CI_OUT)
-	$(PY) -m pytest bench --benchmark-only --benchmark-json $(CI_OUT)/benchmarks.json -p no:cacheprovider
+	$(PY) -m pytest bench/pytest_suite --benchmark-only --benchmark-json $(CI_OUT)/benchmarks.json -p no:cacheprovider
 	$(VENV)/bin/mrcnn-bench check-benchmarks --expect torchvision/eager,static/eager,static/xla,static/train $(CI_OUT)/benchmarks.json
 
 # The one merge gate: compile counts exactly, and the CI-sized accuracy gate.
@@ -52,7 +52,7 @@ lint: $(STAMP)
 # training case, pooled); asv-fixture trains the fixed
 # checkpoint whose AP each commit's inference scores (once per machine, cached in .asv/fixtures).
 # main's history starts at the commit that landed the harness's current layout; the scratch range
-# (bench/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
+# (bench/tools/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
 # asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
@@ -65,7 +65,7 @@ asv-fixture: $(STAMP)
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make
 
 asv-scratch: $(STAMP)
-	$(PY) bench/asv_scratch.py
+	$(PY) bench/tools/asv_scratch.py
 
 asv-same: asv-fixture
 	$(ASV_RUN) --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
@@ -86,7 +86,7 @@ asv-history: asv-fixture
 # REVS=main (or REVS=$(SCRATCH_RANGE)) keeps the commits git rev-list names, OUT names the file.
 asv-table: $(STAMP)
 	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
-	PYTHONPATH=bench $(PY) bench/asv_table.py "$$name" --steps $(if $(REVS),--revs '$(REVS)') \
+	PYTHONPATH=bench $(PY) bench/tools/asv_table.py "$$name" --steps $(if $(REVS),--revs '$(REVS)') \
 		--out "$${OUT:-results/asv/$$name.md}"
 
 # The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
@@ -95,12 +95,12 @@ asv-scratch-run: asv-fixture asv-scratch
 
 # The latency gate's error rates through its own code path (live compares; hours; resumable).
 latency-study: $(STAMP)
-	PYTHONPATH=bench $(PY) bench/gate_error_rates.py run --out results/latency_gate_live
-	PYTHONPATH=bench $(PY) bench/gate_error_rates.py summary --out results/latency_gate_live
+	PYTHONPATH=bench $(PY) bench/studies/gate_error_rates/gate_error_rates.py run --out results/latency_gate_live
+	PYTHONPATH=bench $(PY) bench/studies/gate_error_rates/gate_error_rates.py summary --out results/latency_gate_live
 
 # The same commit measured 5 times: the A/A spread of each tracked figure (results/asv/aa_pooled).
 asv-spread: asv-fixture
-	PYTHONPATH=bench $(PY) bench/history_spread.py --runs 5 --out results/asv/aa_pooled
+	PYTHONPATH=bench $(PY) bench/tools/history_spread.py --runs 5 --out results/asv/aa_pooled
 
 asv-publish: asv-scratch
 	$(VENV)/bin/asv publish

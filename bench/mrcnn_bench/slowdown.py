@@ -7,7 +7,7 @@ reduced to an exact zero, to the first FPN level. It needs nothing but ``model.b
 across checkouts) and to torchvision's.
 
 ``mrcnn-bench compare --inject-slowdown 0.1`` applies it to B (:attr:`mrcnn_bench.cases.Variant.slowdown`);
-``bench/error_rates.py`` measures the slowdown it gives and the gate's detection rate against it.
+``bench/studies/gate_error_rates/error_rates.py`` measures the slowdown it gives and the gate's detection rate against it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils.hooks import RemovableHandle
 
 # Share of the inference forward spent in the ResNet body (conv1..layer4), measured on the tiny
 # preset, CPU eager, one thread, one 320x448 image: 0.4 to 0.5 of the call. It only sizes the
-# extra work; bench/error_rates.py reports the slowdown actually measured.
+# extra work; bench/studies/gate_error_rates/error_rates.py reports the slowdown actually measured.
 BODY_SHARE = 0.5
 
 

@@ -1,0 +1,326 @@
+"""The accuracy gate (mrcnn_bench.accuracy_gate, .accuracy_baseline, .faults): baseline parsing and location,
+tolerance, pass/fail messages, errors, faults.
+
+No training here: the gate's multi-minute CI run is a separate job (see results/accuracy/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import mrcnn.box_ops as box_ops
+import mrcnn.roi_heads as roi_heads
+from mrcnn.config import get_config
+from mrcnn.model import MaskRCNN
+from mrcnn.recipes import RECIPES, get_recipe
+from mrcnn.structures import Proposals, Targets
+from mrcnn_bench import accuracy_gate
+from mrcnn_bench.accuracy_baseline import (
+    BaselineError,
+    MetricBaseline,
+    baseline_from_runs,
+    compare_to_baseline,
+    default_baseline_path,
+    final_metrics,
+    load_baseline,
+    tolerance_from_spread,
+)
+from mrcnn_bench.accuracy_gate import AccuracyOptions, check_accuracy, main
+from mrcnn_bench.faults import FAULTS, MASK_SHIFT_PIXELS, inject_fault
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_baseline(path: Path, box=(0.30, 0.03), mask=(0.25, 0.02), recipe="ci") -> Path:
+    doc = {
+        "recipe": recipe,
+        "metrics": {
+            "bbox/AP": {"mean": box[0], "tolerance": box[1]},
+            "segm/AP": {"mean": mask[0], "tolerance": mask[1]},
+        },
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------
+# Baseline and decision
+
+
+def test_load_baseline_reads_mean_and_tolerance(tmp_path):
+    base = load_baseline(write_baseline(tmp_path / "b.json"), "ci")
+    assert base == {"bbox/AP": MetricBaseline(0.30, 0.03), "segm/AP": MetricBaseline(0.25, 0.02)}
+    assert base["bbox/AP"].threshold == pytest.approx(0.27)
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (None, "not found"),
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", '"metrics" object'),
+        ('{"metrics": {"bbox/AP": {"mean": 0.3, "tolerance": 0.1}}}', r'"segm/AP"'),
+        ('{"metrics": {"bbox/AP": {"mean": "high", "tolerance": 0.1}, "segm/AP": {}}}', "mean"),
+        ('{"metrics": {"bbox/AP": {"mean": 0.3, "tolerance": -1}, "segm/AP": {}}}', "tolerance"),
+        ('{"recipe": "tiny", "metrics": {}}', "for recipe 'tiny', not 'ci'"),
+    ],
+)
+def test_bad_baseline_file_gives_a_clear_error(tmp_path, content, match):
+    path = tmp_path / "baseline.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(BaselineError, match=match) as info:
+        load_baseline(path, "ci")
+    assert str(path) in str(info.value)
+
+
+def test_baseline_of_other_recipe_settings_is_refused(tmp_path):
+    settings = json.loads(json.dumps(get_recipe("ci").as_dict()))
+    path = write_baseline(tmp_path / "b.json")
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "recipe_settings": settings}))
+    assert load_baseline(path, "ci")["bbox/AP"].mean == pytest.approx(0.30)  # same settings: accepted
+    path.write_text(json.dumps({**doc, "recipe_settings": {**settings, "description": "reworded"}}))
+    assert load_baseline(path, "ci")  # a field that does not change the training: still accepted
+
+    path.write_text(json.dumps({**doc, "recipe_settings": {**settings, "steps": settings["steps"] // 2}}))
+    with pytest.raises(BaselineError, match=r"other settings of recipe 'ci' \(steps: baseline \d+, recipe now \d+\)"):
+        load_baseline(path, "ci")
+
+
+def test_committed_baseline_matches_the_recipe():
+    """results/accuracy/ci.json stores the ci recipe's settings as Recipe.as_dict gives them now."""
+    base = load_baseline(REPO / "results" / "accuracy" / "ci.json", "ci")
+    assert set(base) == {"bbox/AP", "segm/AP"} and all(0 < b.threshold < b.mean for b in base.values())
+    stored = json.loads((REPO / "results" / "accuracy" / "ci.json").read_text())["recipe_settings"]
+    assert json.loads(json.dumps(get_recipe("ci").as_dict())) == stored
+
+
+def test_default_baseline_is_found_from_the_working_directory(tmp_path, monkeypatch, capsys):
+    """--baseline, else $MRCNN_RESULTS_DIR/accuracy/<recipe>.json, else ./results/accuracy/<recipe>.json."""
+    monkeypatch.delenv("MRCNN_RESULTS_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert default_baseline_path("ci") == Path("results") / "accuracy" / "ci.json"
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(Path("results") / "accuracy" / "ci.json") in err[0] and "not found" in err[0]
+
+    monkeypatch.setenv("MRCNN_RESULTS_DIR", str(tmp_path / "elsewhere"))
+    assert default_baseline_path("tiny") == tmp_path / "elsewhere" / "accuracy" / "tiny.json"
+    (tmp_path / "elsewhere" / "accuracy").mkdir(parents=True)
+    write_baseline(tmp_path / "elsewhere" / "accuracy" / "ci.json")
+    assert load_baseline(default_baseline_path("ci"), "ci")["bbox/AP"] == MetricBaseline(0.30, 0.03)
+
+
+def test_pass_and_fail_messages_name_metric_value_baseline_tolerance_and_shortfall(tmp_path):
+    base = load_baseline(write_baseline(tmp_path / "b.json"))
+    ok, messages = compare_to_baseline({"bbox/AP": 0.28, "segm/AP": 0.26}, base)
+    assert ok and all("ok" in m for m in messages)
+
+    ok, messages = compare_to_baseline({"bbox/AP": 0.20, "segm/AP": 0.24}, base)
+    assert not ok
+    box = next(m for m in messages if m.startswith("bbox/AP"))
+    assert "0.2000" in box and "0.3000" in box and "0.0300" in box and "short by 0.0700" in box
+    assert "ok" in next(m for m in messages if m.startswith("segm/AP"))
+
+    # Exactly at the threshold passes; just under fails; a missing or NaN metric fails.
+    assert compare_to_baseline({"bbox/AP": 0.27, "segm/AP": 0.23}, base)[0]
+    assert not compare_to_baseline({"bbox/AP": 0.2699, "segm/AP": 0.23}, base)[0]
+    assert not compare_to_baseline({"bbox/AP": 0.3}, base)[0]
+    assert not compare_to_baseline({"bbox/AP": float("nan"), "segm/AP": 0.3}, base)[0]
+
+
+def test_tolerance_is_k_std_with_a_floor():
+    values = [0.30, 0.32, 0.34]  # sample std 0.02
+    assert tolerance_from_spread(values, k=3, floor=0.01) == pytest.approx(0.06)
+    assert tolerance_from_spread(values, k=3, floor=0.1) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="at least 2"):
+        tolerance_from_spread([0.3])
+
+
+def test_baseline_written_from_runs_round_trips(tmp_path):
+    runs = {
+        0: {"bbox/AP": 0.30, "segm/AP": 0.20, "bbox/AP50": 0.6},
+        1: {"bbox/AP": 0.32, "segm/AP": 0.22, "bbox/AP50": 0.6},
+        2: {"bbox/AP": 0.34, "segm/AP": 0.24, "bbox/AP50": 0.6},
+    }
+    doc = baseline_from_runs("ci", runs, k=3, floor=0.01, commands=["x"])
+    assert doc["metrics"]["bbox/AP"]["mean"] == pytest.approx(0.32)
+    assert doc["metrics"]["bbox/AP"]["tolerance"] == pytest.approx(0.06)
+    assert doc["metrics"]["segm/AP"]["per_seed"] == {"0": 0.20, "1": 0.22, "2": 0.24}
+    assert doc["environment"]["torch"] == torch.__version__
+    path = tmp_path / "ci.json"
+    path.write_text(json.dumps(doc))
+    assert load_baseline(path, "ci")["segm/AP"] == MetricBaseline(pytest.approx(0.22), pytest.approx(0.06))
+
+
+def test_write_baseline_from_run_folders(tmp_path, capsys):
+    for seed, ap in enumerate([0.1, 0.2, 0.3]):
+        run = tmp_path / f"ci-s{seed}"
+        run.mkdir()
+        rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "bbox/AP": ap, "segm/AP": ap / 2}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "baseline.json"
+    argv = ["--recipe", "ci", "--write-baseline", "--baseline", str(out), "--floor", "0.01", "--from-runs"]
+    assert main(argv + [str(tmp_path / f"ci-s{s}") for s in range(3)]) == 0
+    base = load_baseline(out, "ci")
+    assert base["bbox/AP"].mean == pytest.approx(0.2) and base["bbox/AP"].tolerance == pytest.approx(0.3)
+    assert final_metrics(tmp_path / "ci-s2")["bbox/AP"] == 0.3
+
+    (tmp_path / "run0").mkdir()  # a folder whose name does not give its seed: exit 2 with the reason
+    assert main([*argv, str(tmp_path / "run0")]) == 2
+    assert "must be named <anything>-s<seed>" in capsys.readouterr().err
+
+
+def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
+    baseline = write_baseline(tmp_path / "b.json")
+    missing = tmp_path / "nope" / "checkpoint_0000010.pt"
+    with pytest.raises(FileNotFoundError, match="checkpoint not found"):
+        check_accuracy(AccuracyOptions(checkpoint=missing, baseline=baseline))
+    assert main(["--checkpoint", str(missing), "--baseline", str(baseline)]) == 2
+    assert "checkpoint not found" in capsys.readouterr().err
+
+
+def test_gate_refuses_bad_inputs_before_any_work(tmp_path, capsys):
+    assert main(["--baseline", str(tmp_path / "absent.json")]) == 2
+    assert "not found" in capsys.readouterr().err
+    baseline = write_baseline(tmp_path / "b.json")
+    with pytest.raises(ValueError, match="unknown fault"):
+        check_accuracy(AccuracyOptions(baseline=baseline, fault="cosmic_ray"))
+    with pytest.raises(ValueError, match="unknown recipe"):
+        check_accuracy(AccuracyOptions(recipe="huge", baseline=baseline))
+    assert main(["--recipe", "huge", "--baseline", str(baseline)]) == 2
+    assert "unknown recipe 'huge'" in capsys.readouterr().err
+
+
+def test_recipes_build_their_configs():
+    for name, recipe in RECIPES.items():
+        cfg = recipe.config()
+        assert cfg.name == recipe.preset and get_recipe(name) is recipe
+        options = recipe.train_config()
+        assert options.steps == recipe.train.steps and options.batch_size == recipe.train.batch_size
+        assert all(step < recipe.train.steps for step in recipe.train.lr_steps)
+    assert RECIPES["tiny"].train_config(world_size=2).batch_size == RECIPES["tiny"].train.batch_size // 2
+    with pytest.raises(ValueError, match="does not split"):
+        RECIPES["tiny"].train_config(world_size=3)
+
+
+# ------------------------------------------------------------------------------------------------
+# Faults
+
+
+def test_box_coder_fault_changes_the_box_regression_targets():
+    gt = torch.tensor([[[10.0, 12.0, 50.0, 40.0]]])
+    roi = torch.tensor([[[8.0, 15.0, 47.0, 44.0]]])
+    weights = (10.0, 10.0, 5.0, 5.0)
+    right = roi_heads.encode_boxes(gt, roi, weights)
+    with inject_fault("box_coder"):
+        wrong = roi_heads.encode_boxes(gt, roi, weights)
+    assert torch.allclose(wrong * torch.tensor(weights), right)  # encoded with (1, 1, 1, 1)
+    assert not torch.allclose(wrong, right)
+    assert torch.equal(roi_heads.encode_boxes(gt, roi, weights), right), "the patch must be undone on exit"
+
+
+def test_faults_equal_their_definitions():
+    """box_coder: box_ops's encoding under (1, 1, 1, 1); mask_shift: 3 px right and down, zero fill; undone after."""
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(2, 5, 2, generator=g) * 50
+    gt = torch.cat([xy, xy + 10 + torch.rand(2, 5, 2, generator=g) * 40], -1)
+    roi = gt + torch.randn(2, 5, 4, generator=g) * 3
+    original_encode, original_targets = roi_heads.encode_boxes, roi_heads.mask_targets
+    with inject_fault("box_coder"):
+        faulted = roi_heads.encode_boxes(gt, roi, (10.0, 10.0, 5.0, 5.0))
+    assert torch.equal(faulted, box_ops.encode_boxes(gt, roi, (1.0, 1.0, 1.0, 1.0)))
+    assert roi_heads.encode_boxes is original_encode
+
+    masks = (torch.rand(2, 3, 16, 16, generator=g) > 0.5).to(torch.uint8)
+    boxes = torch.tensor([[0.0, 0.0, 32.0, 32.0], [4.0, 2.0, 30.0, 28.0], [8.0, 8.0, 24.0, 20.0]]).expand(2, 3, 4)
+    index = torch.tensor([[0, 1, 2, 1], [2, 2, 0, 1]])
+    rois = boxes[:, [0, 1, 2, 0]] + 1.0
+    args = (masks, boxes, index, rois, 28, True)
+    clean = roi_heads.mask_targets(*args)
+    with inject_fault("mask_shift"):
+        shifted = roi_heads.mask_targets(*args)
+    expected = torch.zeros_like(clean)
+    expected[..., 3:, 3:] = clean[..., :-3, :-3]
+    assert MASK_SHIFT_PIXELS == 3 and torch.equal(shifted, expected) and not torch.equal(shifted, clean)
+    assert roi_heads.mask_targets is original_targets and torch.equal(roi_heads.mask_targets(*args), clean)
+
+
+def test_mask_shift_fault_shifts_the_mask_targets():
+    masks = torch.zeros(1, 1, 16, 16, dtype=torch.uint8)
+    masks[0, 0, 4:12, 4:12] = 1
+    boxes = torch.tensor([[[0.0, 0.0, 32.0, 32.0]]])
+    args = (masks, boxes, torch.zeros(1, 1, dtype=torch.int64), boxes.clone(), 28, True)
+    right = roi_heads.mask_targets(*args)
+    with inject_fault("mask_shift"):
+        shifted = roi_heads.mask_targets(*args)
+    s = MASK_SHIFT_PIXELS
+    assert not torch.equal(shifted, right)
+    assert torch.equal(shifted[..., s:, s:], right[..., :-s, :-s])
+    assert shifted[..., :s, :].abs().sum() == 0 and shifted[..., :, :s].abs().sum() == 0
+    assert torch.equal(roi_heads.mask_targets(*args), right)
+
+
+def test_faults_change_the_training_losses_of_the_box_head():
+    """Through RoIHeads.loss: box_coder changes loss_box_reg only, mask_shift loss_mask only."""
+    torch.manual_seed(0)
+    cfg = get_config("tiny", min_size=128, max_size=128, canvases=((128, 128),), gt_mask_size=16)
+    model = MaskRCNN(cfg).train()
+    g = cfg.max_gt_instances
+    boxes = torch.zeros(1, g, 4)
+    boxes[0, 0] = torch.tensor([20.0, 30.0, 90.0, 100.0])
+    boxes[0, 1] = torch.tensor([60.0, 10.0, 120.0, 60.0])
+    labels = torch.zeros(1, g, dtype=torch.int64)
+    labels[0, :2] = torch.tensor([1, 3])
+    masks = torch.zeros(1, g, 16, 16, dtype=torch.uint8)
+    masks[0, :2, 3:13, 2:14] = 1
+    valid = torch.zeros(1, g, dtype=torch.bool)
+    valid[0, :2] = True
+    targets = Targets(boxes, labels, masks, valid)
+    # Proposals near the ground truth (IoU > 0.5 but not 1), so the regression targets are not zero.
+    near = torch.cat([boxes[0, :2] + torch.tensor([3.0, -2.0, 4.0, 1.0]), boxes[0, :2] - 2.0])[None]
+    proposals = Proposals(near, torch.ones(1, 4), torch.ones(1, 4, dtype=torch.bool))
+    features = list(model.backbone(torch.randn(1, 3, 128, 128)).values())[:4]
+
+    def losses(fault):
+        torch.manual_seed(1)  # the same samples every call
+        with torch.no_grad(), inject_fault(fault):
+            return {k: float(v) for k, v in model.roi_heads.loss(features, proposals, targets, (128, 128)).items()}
+
+    clean, box, mask = losses(None), losses("box_coder"), losses("mask_shift")
+    assert box["loss_box_reg"] != pytest.approx(clean["loss_box_reg"])
+    assert mask["loss_mask"] != pytest.approx(clean["loss_mask"])
+    assert box["loss_mask"] == pytest.approx(clean["loss_mask"])
+    assert mask["loss_box_reg"] == pytest.approx(clean["loss_box_reg"])
+    assert losses(None) == clean
+
+
+def test_unknown_fault_is_rejected():
+    with pytest.raises(ValueError, match="unknown fault"), inject_fault("typo"):
+        pass
+    assert set(FAULTS) == {"box_coder", "mask_shift"}
+
+
+def test_check_accuracy_on_a_checkpoint_reports_failures(tmp_path, monkeypatch):
+    """The decision glue, with the evaluation replaced by fixed metrics (no data set, no training)."""
+    baseline = write_baseline(tmp_path / "b.json")
+    checkpoint = tmp_path / "checkpoint_0000001.pt"
+    checkpoint.write_bytes(b"")
+    measured = {"bbox/AP": 0.31, "segm/AP": 0.10, "bbox/AP50": 0.5}
+    monkeypatch.setattr(accuracy_gate, "evaluate_checkpoint", lambda path, recipe, data_base: dict(measured))
+    result = check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline))
+    assert not result.passed and result.metrics == measured
+    assert result.baseline == {"bbox/AP": 0.30, "segm/AP": 0.25} and result.tolerance["segm/AP"] == 0.02
+    assert len(result.failures) == 1 and result.failures[0].startswith("segm/AP = 0.1000")
+    assert "FAIL" in result.report() and "short by 0.1300" in result.report()
+    with pytest.raises(ValueError, match="cannot apply to an existing checkpoint"):
+        check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline, fault="box_coder"))
+
+    measured["segm/AP"] = 0.24
+    result = check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline))
+    assert result.passed and result.failures == [] and "PASS" in result.report()

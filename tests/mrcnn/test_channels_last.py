@@ -1,0 +1,129 @@
+"""``Config.channels_last``: the convolutions in NHWC, with the default's outputs and state_dict.
+
+Outputs are compared with the default layout's (same weights, same input): NHWC convolutions sum in
+another order, so boxes, scores and masks agree to float rounding and valid and labels exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from tests.mrcnn.test_training import random_targets, small_cfg  # the training-forward helpers (tests/ is on the path)
+from torch import nn
+from torch._dynamo.utils import counters
+
+from mrcnn.model import MaskRCNN, contiguous_nchw
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import load_torchvision_weights, textured_images
+
+# Two sizes on the tiny preset's (320, 448) canvas, one of them off its extent (masked padding).
+SIZES = ((240, 320), (230, 300))
+
+
+def _static(cfg, weights, **overrides):
+    return load_torchvision_weights(MaskRCNN(cfg.replace(**overrides)).eval(), weights)
+
+
+def assert_same_detections(a, b):
+    """valid and labels equal; boxes to 1e-5 of their value (pixels), scores and masks to 1e-4."""
+    assert torch.equal(a.valid, b.valid) and torch.equal(a.labels, b.labels)
+    torch.testing.assert_close(a.boxes, b.boxes, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-4)
+    torch.testing.assert_close(a.masks, b.masks, rtol=0, atol=1e-4)
+
+
+def _layouts(model: nn.Module) -> list[str]:
+    """Hooks that record every convolution whose input or output is not channels_last."""
+    found: list[str] = []
+
+    def check(name: str):
+        def hook(_module, inputs, output):
+            if not all(t.is_contiguous(memory_format=torch.channels_last) for t in (inputs[0], output)):
+                found.append(name)
+
+        return hook
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Conv2d | nn.ConvTranspose2d):
+            module.register_forward_hook(check(name))
+    return found
+
+
+@pytest.mark.parametrize("impl", ["torchvision", "tensor"])
+def test_outputs_equal_the_default_layout(tiny_cfg, tiny_weights, impl):
+    batch = to_image_batch(textured_images(SIZES, seed=2), tiny_cfg)
+    default = _static(tiny_cfg, tiny_weights, ops_impl=impl)
+    nhwc = _static(tiny_cfg, tiny_weights, ops_impl=impl, channels_last=True)
+    not_nhwc = _layouts(nhwc)
+    with torch.no_grad():
+        expected, got = default(batch), nhwc(batch)
+    assert int(expected.valid.sum()) > 50  # the weights detect things: the comparison is not vacuous
+    assert_same_detections(got, expected)
+    # Backbone, FPN, RPN head and mask head: every convolution reads and writes NHWC; the padding
+    # masks (masked_features, edge_extended) keep the layout.
+    assert not_nhwc == []
+
+
+def test_weights_keep_their_names_and_load(tiny_cfg, tiny_weights):
+    model = _static(tiny_cfg, tiny_weights, channels_last=True)
+    state = model.state_dict()
+    assert list(state) == list(MaskRCNN(tiny_cfg).state_dict())
+    assert all(torch.equal(state[k], v) for k, v in tiny_weights.items() if k in state)
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d | nn.ConvTranspose2d)]
+    # load_state_dict copied the checkpoint into the NHWC parameters.
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert not all(w.is_contiguous() for w in convs)
+
+
+def test_contiguous_nchw_equals_contiguous():
+    x = torch.randn(2, 16, 9, 7).contiguous(memory_format=torch.channels_last)
+    for t in (x, x.contiguous(), torch.randn(1, 256, 70, 90).contiguous(memory_format=torch.channels_last)):
+        out = contiguous_nchw(t)
+        assert out.is_contiguous() and torch.equal(out, t)
+
+
+def test_training_losses_equal_the_default_layout(tiny_cfg, tiny_weights):
+    cfg = small_cfg(tiny_cfg)
+    batch = to_image_batch(textured_images(((128, 112), (100, 128)), seed=4), cfg)
+    targets = random_targets(cfg, batch, [3, 2], seed=5)
+    losses = {}
+    for layout in (False, True):
+        model = load_torchvision_weights(MaskRCNN(cfg.replace(channels_last=layout)), tiny_weights).train()
+        torch.manual_seed(0)  # the samplers' random keys
+        losses[layout] = model(batch, targets)
+        sum(losses[layout].values()).backward()
+    for name, value in losses[False].items():
+        torch.testing.assert_close(losses[True][name], value, rtol=1e-5, atol=0, msg=name)
+
+
+@pytest.mark.slow
+def test_compiled_one_graph_per_canvas(tiny_cfg, tiny_weights):
+    model = _static(tiny_cfg, tiny_weights, channels_last=True)
+    default = _static(tiny_cfg, tiny_weights)
+    batches = [to_image_batch([img], tiny_cfg) for img in textured_images(SIZES, seed=11)]
+    assert len({tuple(b.tensors.shape) for b in batches}) == 1
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        for batch in batches:
+            assert_same_detections(compiled(batch), default(batch))
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+@pytest.mark.slow
+@pytest.mark.xla
+def test_ignored_on_xla(tiny_cfg, tiny_weights):
+    """On XLA (no strides) the field changes nothing: same outputs as the default layout there."""
+    pytest.importorskip("torch_xla", reason="torch_xla is not installed")
+    import torch_xla  # optional backend: imported only where the test runs
+
+    cfg = small_cfg(tiny_cfg, ops_impl="tensor")
+    device = torch_xla.device()
+    images = textured_images(((128, 112),), seed=6)
+    out = [_static(cfg, tiny_weights, channels_last=cl).to(device).predict(images)[0] for cl in (False, True)]
+    for key in ("boxes", "scores", "labels", "masks"):
+        assert torch.equal(out[0][key], out[1][key]), key

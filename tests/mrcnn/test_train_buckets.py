@@ -1,0 +1,151 @@
+"""Mask-RoI buckets in training (``Config.mask_train_buckets``): torchvision's loss on fewer slots.
+
+The mask branch trains on the smallest bucket of the Q positive-quota slots that holds the batch's
+sampled positives. Positives fill the first slots, so the losses and gradients must equal the
+single graph's (all Q slots), the bucket must follow the documented rule, and the compiled stages
+must build one graph per canvas plus one per (canvas, bucket), whatever the ground truth holds.
+Parity with torchvision's own training forward, buckets on, is in tests/mrcnn/test_training.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from tests.mrcnn.test_training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg  # tests/ is on the path
+from torch._dynamo.utils import counters
+
+from mrcnn.config import get_config
+from mrcnn.model import MaskRCNN
+from mrcnn.staged import StagedTrainer, mask_bucket
+from mrcnn.transform import to_image_batch
+from mrcnn.weights import textured_images
+
+BUCKETS = (2, 4)  # small_cfg's positive quota, 32 * 0.25 = 8, is appended
+# Ground-truth counts per image over the steps: no positives at all, few, many.
+STEPS = ([0, 0], [1, 0], [4, 3], [2, 1])
+
+
+def _losses_and_mask_rois(cfg, weights, counts, seed):
+    """One training forward and backward -> (losses, head gradients, RoIs per image the mask head saw)."""
+    model = MaskRCNN(cfg).train()
+    model.load_state_dict(weights)
+    seen = []
+    model.roi_heads.mask_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].shape[0]))
+    batch = to_image_batch(textured_images(SMALL_SIZES, seed=2), cfg)
+    torch.manual_seed(seed)  # the same sampling keys in both runs
+    losses = model(batch, random_targets(cfg, batch, counts, seed=seed))
+    sum(losses.values()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in losses.items()}, grads, seen[0] // len(SMALL_SIZES)
+
+
+def test_config_train_buckets_rule_and_errors(tiny_cfg):
+    cfg = get_config("tiny")
+    assert cfg.mask_positive_quota == 32 and cfg.mask_train_slots == (32,)
+    assert cfg.replace(mask_train_buckets=(8, 16)).mask_train_slots == (8, 16, 32)
+    assert cfg.replace(mask_train_buckets=(8, 32)).mask_train_slots == (8, 32)
+    assert get_config("tiny", mask_train_buckets=[4, 8]).mask_train_buckets == (4, 8)
+    for buckets, message in (
+        ((8, 64), r"must not exceed the positive quota \(32\)"),
+        ((16, 8), "strictly increasing"),
+        ((0, 8), "must be positive"),
+        ((2.5,), "tuple of ints"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            cfg.replace(mask_train_buckets=buckets)
+    with pytest.raises(ValueError, match="set one"):
+        cfg.replace(mask_train_buckets=(8,), mask_rois_per_image=8)
+    assert mask_bucket((2, 4, 8), 0) == 2 and mask_bucket((2, 4, 8), 3) == 4 and mask_bucket((2, 4, 8), 8) == 8
+
+
+def test_eager_buckets_give_the_quotas_losses_and_gradients_on_fewer_rois(tiny_cfg):
+    base = small_cfg(tiny_cfg)
+    torch.manual_seed(0)
+    weights = MaskRCNN(base).state_dict()
+    bucketed = base.replace(mask_train_buckets=BUCKETS)
+    seen_sizes = set()
+    for step, counts in enumerate(STEPS):
+        ref, ref_grads, quota = _losses_and_mask_rois(base, weights, counts, seed=step)
+        got, grads, n = _losses_and_mask_rois(bucketed, weights, counts, seed=step)
+        assert quota == base.mask_positive_quota
+        assert n in bucketed.mask_train_slots
+        seen_sizes.add(n)
+        assert set(got) == LOSS_NAMES
+        for name in LOSS_NAMES:
+            # The mask head's convolutions see a shorter batch: float summation order may differ.
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=name)
+        assert set(grads) == set(ref_grads)
+        for name, g in grads.items():
+            torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6 * float(ref_grads[name].abs().max()))
+        if sum(counts) == 0:
+            assert n == BUCKETS[0] and float(got["loss_mask"]) == 0
+    # The steps exercise more than one bucket, and the smallest is below the quota.
+    assert len(seen_sizes) > 1 and min(seen_sizes) < base.mask_positive_quota
+
+
+def test_buckets_follow_the_largest_positive_count_of_the_batch(tiny_cfg):
+    """The bucket is the smallest that holds the image with the most sampled positives."""
+    cfg = small_cfg(tiny_cfg, mask_train_buckets=BUCKETS)
+    torch.manual_seed(0)
+    model = MaskRCNN(cfg).train()
+    batch = to_image_batch(textured_images(SMALL_SIZES, seed=2), cfg)
+    for step, counts in enumerate(STEPS):
+        torch.manual_seed(step)
+        _, _, rois, _ = model.box_training_stage(batch, random_targets(cfg, batch, counts, seed=step))
+        trainer = StagedTrainer(model)
+        torch.manual_seed(step)
+        trainer(batch, random_targets(cfg, batch, counts, seed=step))
+        ((_, n),) = trainer.used
+        assert n == mask_bucket(cfg.mask_train_slots, int(rois.positive.sum(1).max()))
+        assert bool(rois.positive[:, n:].any()) is False  # every positive is inside the bucket
+
+
+@pytest.mark.slow
+def test_compiled_stages_build_one_graph_per_canvas_and_bucket(tiny_cfg):
+    """fullgraph stages over varying ground truth: 1 box-stage graph + one per bucket, no breaks,
+    losses equal to the eager single graph's."""
+    cfg = small_cfg(tiny_cfg, mask_train_buckets=BUCKETS)
+    torch.manual_seed(0)
+    model = MaskRCNN(cfg).train()
+    reference = MaskRCNN(cfg.replace(mask_train_buckets=())).train()
+    reference.load_state_dict(model.state_dict())
+    batch = to_image_batch(textured_images(SMALL_SIZES, seed=0), cfg)
+    torch._dynamo.reset()
+    counters.clear()
+    trainer = StagedTrainer.compiled(model, warm_ahead=True, backend="aot_eager")
+    for step, counts in enumerate(STEPS):
+        targets = random_targets(cfg, batch, counts, seed=step)
+        torch.manual_seed(step)
+        losses = trainer(batch, targets)
+        sum(losses.values()).backward()
+        torch.manual_seed(step)
+        with torch.no_grad():
+            expected = reference(batch, targets)
+        for name in LOSS_NAMES:
+            torch.testing.assert_close(losses[name].detach(), expected[name], rtol=1e-5, atol=1e-7, msg=name)
+    graphs = len(cfg.canvases) * (1 + len(cfg.mask_train_slots))
+    assert counters["stats"]["unique_graphs"] == graphs, dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert len(trainer.used) >= 2, trainer.used  # the steps used more than one bucket
+
+
+def test_run_counts_flops_per_config_override(monkeypatch):
+    """A row whose case overrides the config (mask buckets) does other work than the same case
+    without: its FLOPs are counted on its own, not taken from that row."""
+    from mrcnn_bench import row_extras
+    from mrcnn_bench.cases import CASES, Row
+    from mrcnn_bench.records import RowResult
+
+    counted = []
+
+    def fake_flops(row, ctx):
+        counted.append(row.case.name)
+        return 100.0 if row.case.overrides else 300.0
+
+    monkeypatch.setattr(row_extras, "case_flops", fake_flops)
+    results = [RowResult(Row(CASES[name]), status="ok") for name in (
+        "static/train", "static/train+buckets", "static/inductor-train", "static/inductor-train+buckets")]
+    row_extras.count_row_flops(results, ctx=None, log=print)
+    assert [r.flops for r in results] == [300.0, 100.0, 300.0, 100.0]
+    assert counted == ["static/train", "static/train+buckets"]  # once per (impl, phase, overrides)
