@@ -76,7 +76,7 @@ asv-commits: asv-fixture
 # main's history; resumable (commits already measured are skipped). The commits that change the
 # code under test (mrcnn/ or the dependencies): the harness comes from this checkout, so every other
 # commit measures the same code as the last of these before it. About 17 commits x 8-13.5 minutes,
-# by host: more than one sitting may add to it, on the same kind of host (the machine name).
+# by host: more than one session may add to it, on the same kind of host (the machine name).
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
 	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt

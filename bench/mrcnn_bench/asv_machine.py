@@ -9,7 +9,7 @@ ruler absorb part of a change of CPU, not all of it: ``results/asv/README.md``) 
 checkpoint (``make asv-fixture`` on another host, or from a checkout whose training code differs,
 trains other weights, so ``1 - AP`` would step at no commit; ``results/asv/README.md``). asv's
 default name, the hostname, tells neither apart, so the name carries both: a history measured over
-several sittings joins one series only where host and fixture are the same. ``<cpu>`` is the model
+several runs joins one series only where host and fixture are the same. ``<cpu>`` is the model
 name with the x86 family and model numbers (``f25m17``), because a virtual machine may report a
 bare ``AMD EPYC`` for CPU generations whose speeds differ. The ``make asv-*`` targets register it
 and pass it to ``asv run --machine``.

@@ -363,7 +363,8 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--between-run-sd", type=float, default=defaults.BETWEEN_RUN_SD, metavar="SD",
                    help="run files only: the sd of log(B/A) between separate runs of the same code beyond "
                         "their rounds' noise, allowed for by the test (measure your machine's with "
-                        "bench/studies/stored_compare_false_alarms/stored_compare_aa.py; default: %(default)s, measured here)")
+                        "bench/studies/stored_compare_false_alarms/stored_compare_aa.py; "
+                        "default: %(default)s, measured here)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
 
 
@@ -397,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
         # Their arguments are the module's own, parsed by run_lazy once it is imported.
         sub.add_parser(command, help=help_text, add_help=False)
 
-    p = sub.add_parser("check-benchmarks", help="fail unless `pytest bench/pytest_suite --benchmark-only` ran every expected case")
+    p = sub.add_parser("check-benchmarks",
+                       help="fail unless `pytest bench/pytest_suite --benchmark-only` ran every expected case")
     p.add_argument("json", help="the file written by --benchmark-json")
     p.add_argument("--expect", default="quick", metavar="CASES",
                    help="comma list of the cases that must have run (default: quick, all of them; "

@@ -1,6 +1,7 @@
 """Settings of one lever timed against each other round by round in one process, resumably.
 
-The method of the one-lever studies (``bench/studies/padding_parity/padding_parity.py cost``, ``bench/studies/cpu_levers/levers.py``): every
+The method of the one-lever studies (``bench/studies/padding_parity/padding_parity.py cost``,
+``bench/studies/cpu_levers/levers.py``): every
 round calls each variant once, the order reversed every other round (A B, then B A), so that a
 drift of the machine's speed hits both alike; each timed call is appended at once to a JSON-lines
 file as ``{"key": "<prefix><round>:<variant>", "round", "variant", "seconds", ...}``, and a rerun

@@ -7,7 +7,8 @@ reduced to an exact zero, to the first FPN level. It needs nothing but ``model.b
 across checkouts) and to torchvision's.
 
 ``mrcnn-bench compare --inject-slowdown 0.1`` applies it to B (:attr:`mrcnn_bench.cases.Variant.slowdown`);
-``bench/studies/gate_error_rates/error_rates.py`` measures the slowdown it gives and the gate's detection rate against it.
+``bench/studies/gate_error_rates/error_rates.py`` measures the slowdown it gives and the gate's detection
+rate against it.
 """
 
 from __future__ import annotations

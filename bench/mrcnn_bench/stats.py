@@ -24,7 +24,8 @@ difference of the runs' mean log ratios that allows for the between-run spread m
 ``bench/studies/stored_compare_false_alarms/stored_compare_aa.py`` (``results/stored_compare_aa/``).
 
 The rule's error rates are measured through the gate's own code path by
-``bench/studies/gate_error_rates/gate_error_rates.py`` (``results/latency_gate_live/``), which is where the default number of
+``bench/studies/gate_error_rates/gate_error_rates.py`` (``results/latency_gate_live/``), which is where the
+default number of
 rounds comes from; ``bench/studies/gate_error_rates/error_rates.py`` measured the previous rule (p < alpha against "no
 change", and a ratio above ``1 + threshold``) at ``results/latency_gate/``.
 """
@@ -239,7 +240,8 @@ def compare_stored(
     no number of rounds averages away (``results/stored_compare_aa/``). So the estimate is the
     difference of the runs' mean log ratios, ``d``, whose variance is each run's variance of the
     mean (its rounds' variance / n) plus ``between_run_sd**2``, the variance of ``d`` between two
-    runs of the same code beyond that (measured by ``bench/studies/stored_compare_false_alarms/stored_compare_aa.py``). One-sided z-test
+    runs of the same code beyond that (measured by ``bench/studies/stored_compare_false_alarms/stored_compare_aa.py``).
+    One-sided z-test
     of ``d > log(1 + threshold)``; the 95% interval is ``d`` +- 1.96 of the same sd, as ratios.
     """
     _check_parameters(threshold, alpha)

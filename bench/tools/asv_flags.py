@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(
-            f"# What asv flagged\n\n`{' '.join(['python bench/tools/asv_flags.py', *(argv or sys.argv[1:])])}`\n\n" + text
+            f"# What asv flagged\n\n`{' '.join(['python bench/tools/asv_flags.py', *(argv or sys.argv[1:])])}`\n\n"
+            + text
         )
     return 0 if ok else 1
 

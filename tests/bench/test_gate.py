@@ -1,4 +1,4 @@
-"""The merge gate and the command line's exit codes (issue 14): never pass on nothing, never cry wolf.
+"""The merge gate and the command line's exit codes: never pass on nothing, never cry wolf.
 
 Fakes stand in for the measurements (``gate.measure``), so these tests take no timings and compile
 nothing, except the one marked slow, which runs the real probe of static/inductor once.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "studies" / "stored_compare_false_alarms" / "stored_compare_aa.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench/studies/stored_compare_false_alarms/stored_compare_aa.py"
 _spec = importlib.util.spec_from_file_location("stored_compare_aa", SCRIPT)
 study = importlib.util.module_from_spec(_spec)  # a script in bench/, not a package
 sys.modules["stored_compare_aa"] = study

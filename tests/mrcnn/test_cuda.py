@@ -13,8 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from tests.mrcnn.test_padding_parity import PHOTOS, SIZES, _check, photo  # the photograph-parity helpers
-from tests.mrcnn.test_training import assert_parity, pad_targets, parity_setup  # noqa: F401  (parity_setup: a fixture)
 from torch._dynamo.utils import counters
 
 from mrcnn.model import MaskRCNN
@@ -23,6 +21,8 @@ from mrcnn.reference import torchvision_model
 from mrcnn.structures import ImageBatch, Targets
 from mrcnn.transform import select_canvas, to_image_batch
 from mrcnn.weights import load_torchvision_weights
+from tests.mrcnn.test_padding_parity import PHOTOS, SIZES, _check, photo  # the photograph-parity helpers
+from tests.mrcnn.test_training import assert_parity, pad_targets, parity_setup  # noqa: F401  (parity_setup: a fixture)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device: these tests check the CUDA paths"

@@ -12,7 +12,6 @@ import numpy as np
 import pycocotools.mask as mask_utils
 import pytest
 import torch
-from tests.fixtures.coco_quirks import CATEGORY_IDS, CROWD_ANN_ID, CROWD_MASK, SPLIT, write_quirky_coco
 from torchvision.ops import roi_align
 
 from mrcnn.config import get_config
@@ -26,6 +25,7 @@ from mrcnn.data.coco import (
     label_mode_for,
 )
 from mrcnn.data.collate import BucketBatchSampler, canvas_of, collate, crop_masks_to_boxes, make_loader
+from tests.fixtures.coco_quirks import CATEGORY_IDS, CROWD_ANN_ID, CROWD_MASK, SPLIT, write_quirky_coco
 
 NUM_IMAGES = 12  # image 1 (index 1) is empty and image 7 (index 6) crowded, by the generator's schedule
 

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from tests.fixtures.coco_quirks import CROWD_MASK, SPLIT, write_quirky_coco
 from torchvision.models.detection.roi_heads import paste_masks_in_image
 from torchvision.ops import roi_align
 
@@ -26,6 +25,7 @@ from mrcnn.evaluate import (
 )
 from mrcnn.postprocess import postprocess
 from mrcnn.structures import Detections
+from tests.fixtures.coco_quirks import CROWD_MASK, SPLIT, write_quirky_coco
 
 NUM_IMAGES = 12
 # segm AP of the ground truth sent through the fixed-shape path (canvas box + 28 x 28 RoIAlign crop,

@@ -1,4 +1,4 @@
-"""Padding that changes nothing (issue 18): on a canvas larger than torchvision's own padding (the
+"""Padding that changes nothing: on a canvas larger than torchvision's own padding (the
 resized size rounded up to 32, the "extent"), the static model still gives torchvision's features
 and detections, because it zeroes features outside the extent before every kernel wider than 1.
 
@@ -12,14 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from tests.mrcnn.test_training import (  # the loss-parity helpers (tests/ is on the path, as for conftest)
-    PARITY_SIZES,
-    assert_parity,
-    pad_targets,
-    shape_objects,
-    static_losses,
-    torchvision_losses,
-)
 from torchvision.io import ImageReadMode, read_image
 
 from mrcnn.backbone import masked_features, padded_extents
@@ -29,6 +21,14 @@ from mrcnn.postprocess import postprocess
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import select_canvas, to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from tests.mrcnn.test_training import (  # the loss-parity helpers (tests/ is on the path, as for conftest)
+    PARITY_SIZES,
+    assert_parity,
+    pad_targets,
+    shape_objects,
+    static_losses,
+    torchvision_losses,
+)
 
 matplotlib_cbook = pytest.importorskip("matplotlib.cbook", reason="the sample photographs ship with matplotlib")
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from tests.mrcnn.test_training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg  # tests/ is on the path
 from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
@@ -20,6 +19,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedTrainer, mask_bucket
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import textured_images
+from tests.mrcnn.test_training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg  # tests/ is on the path
 
 BUCKETS = (2, 4)  # small_cfg's positive quota, 32 * 0.25 = 8, is appended
 # Ground-truth counts per image over the steps: no positives at all, few, many.

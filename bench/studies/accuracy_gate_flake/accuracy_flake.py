@@ -1,7 +1,8 @@
-"""Issue 14: the accuracy gate's false-fail rate and the smallest drop it catches, from 10+ seeds.
+"""The accuracy gate's false-fail rate and the smallest drop it catches, from 10+ seeds.
 
     python bench/studies/accuracy_gate_flake/accuracy_flake.py train [--seeds 0-9] [--parallel 2] [--out out/acc10]
-    python bench/studies/accuracy_gate_flake/accuracy_flake.py summary [--seeds 0-9] [--out out/acc10] [--results results/accuracy]
+    python bench/studies/accuracy_gate_flake/accuracy_flake.py summary [--seeds 0-9] [--out out/acc10]
+        [--results results/accuracy]
 
 ``train`` runs ``mrcnn train --recipe ci --seed S --threads 1`` for each seed whose run folder has
 no evaluation at the recipe's last step yet, ``--parallel`` at a time (one thread each, as the committed baseline's
@@ -114,7 +115,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     lines = [f"# The accuracy gate's error rates ({RECIPE} recipe, {len(have)} seeds: {sorted(have)})", "",
              "Model: a CI run of an unchanged model is one more draw from the seeds' distribution; the gate",
              "fails when it is below mean - tol. Student's t predictive with n - 1 degrees of freedom",
-             "(the mean and std are themselves estimated from the n seeds). `python bench/studies/accuracy_gate_flake/accuracy_flake.py summary`.",
+             "(the mean and std are themselves estimated from the n seeds). "
+        "`python bench/studies/accuracy_gate_flake/accuracy_flake.py summary`.",
              "The false fail's 95% interval comes from the chi-square interval of the seeds' sd.",
              "", "| metric | mean | std | min | max | Shapiro-Wilk p | rule | tolerance | false fail "
              "| its 95% CI | drop caught 95% |",

@@ -1,4 +1,4 @@
-"""Issue 15: which stage moves the static model's detections under bf16 autocast?
+"""Which stage moves the static model's detections under bf16 autocast?
 
     python bench/studies/bf16_parity/bf16_parity.py [--preset tiny] [--out results/levers]
 
@@ -110,7 +110,8 @@ def main() -> int:
     head = ["| against torchvision fp32, unless named | " + " | ".join(f"IoU >= {i}, score +-{t}" for i, t in CRITERIA)
             + " | mask IoU | detections |", "| --- |" + " --- |" * (len(CRITERIA) + 2)]
     lines = [f"# bf16 parity by stage ({args.preset}, {len(images)} images: {sizes})", "",
-             "`python bench/studies/bf16_parity/bf16_parity.py --preset " + args.preset + "`; matched both ways (the smaller of the two "
+             "`python bench/studies/bf16_parity/bf16_parity.py --preset " + args.preset + "`; "
+             "matched both ways (the smaller of the two "
              "fractions), at four criteria; the harness's parity is the first.", "", *head]
     for name, r in rows.items():
         cells = " | ".join(f"{r[f'iou{i}_tol{t}']:.1%}" for i, t in CRITERIA)

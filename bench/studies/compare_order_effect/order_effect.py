@@ -1,6 +1,7 @@
-"""Issue 14: does a live compare favour a row for its position? A/A runs with the rows' order swapped.
+"""Does a live compare favour a row for its position? A/A runs with the rows' order swapped.
 
-    PYTHONPATH=bench python bench/studies/compare_order_effect/order_effect.py run [--trials 20] [--out results/latency_gate_live]
+    PYTHONPATH=bench python bench/studies/compare_order_effect/order_effect.py run [--trials 20]
+        [--out results/latency_gate_live]
     PYTHONPATH=bench python bench/studies/compare_order_effect/order_effect.py summary [--out results/latency_gate_live]
 
 The live error-rate study (``gate_error_rates.py``) found B, the second row of the compare, faster

@@ -1,4 +1,4 @@
-"""Issue 15's CPU levers, each timed on and off in one interleaved run of the static model.
+"""The CPU levers, each timed on and off in one interleaved run of the static model.
 
     python bench/studies/cpu_levers/levers.py channels_last [--workloads coco,tiny] [--rounds N] [--out results/levers]
     python bench/studies/cpu_levers/levers.py freezing      [--workloads coco,tiny] [--rounds N]
@@ -296,7 +296,8 @@ def markdown(summary: dict[str, Any]) -> str:
     lines = [
         f"# Lever `{meta['lever']}`: on and off, interleaved round by round in one process",
         "",
-        f"Command: `{meta['command']}` (see `bench/studies/cpu_levers/levers.py` for the method). Commit {meta['commit']}"
+        f"Command: `{meta['command']}` (see `bench/studies/cpu_levers/levers.py` for the method). "
+        f"Commit {meta['commit']}"
         + (f" plus uncommitted {', '.join(f'`{p}` ({h})' for p, h in meta['uncommitted'].items())}"
            if meta.get("uncommitted") else "")
         + f"; torch {meta['torch']}, {meta['threads']} threads, {meta['cpu']}; {meta['date']}.",

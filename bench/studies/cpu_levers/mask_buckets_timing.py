@@ -1,4 +1,4 @@
-"""Issue 15 lever: detection-count buckets for the mask branch, on and off, static eager, tiny preset.
+"""A CPU lever: detection-count buckets for the mask branch, on and off, static eager, tiny preset.
 
     python bench/studies/cpu_levers/mask_buckets_timing.py [--rounds 10] [--out results/levers]
 

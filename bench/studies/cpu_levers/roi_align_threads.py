@@ -1,4 +1,4 @@
-"""Issue 15 lever: a two-core RoIAlign, torchvision's CPU kernel on concurrent RoI chunks.
+"""A CPU lever: a two-core RoIAlign, torchvision's CPU kernel on concurrent RoI chunks.
 
     python bench/studies/cpu_levers/roi_align_threads.py kernels [--rounds 20] [--out results/levers]
     python bench/studies/cpu_levers/roi_align_threads.py model [--rounds 15] [--out results/levers]
@@ -338,7 +338,8 @@ def main() -> None:
     presets = args.presets.split(",")
     if args.part != "report":
         rounds = args.rounds or (20 if args.part == "kernels" else 15)
-        command = f"python bench/studies/cpu_levers/roi_align_threads.py {args.part} --rounds {rounds} --presets {args.presets}"
+        command = (f"python bench/studies/cpu_levers/roi_align_threads.py {args.part} --rounds {rounds} "
+                   f"--presets {args.presets}")
         info = meta(command)
         torch.manual_seed(0)
         if args.part == "kernels":

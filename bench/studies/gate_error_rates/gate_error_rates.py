@@ -1,6 +1,7 @@
 """The latency gate's error rates, measured through the gate's own code path, resumably.
 
-    PYTHONPATH=bench python bench/studies/gate_error_rates/gate_error_rates.py run --out results/latency_gate_live [--hours 2]
+    PYTHONPATH=bench python bench/studies/gate_error_rates/gate_error_rates.py run --out results/latency_gate_live
+        [--hours 2]
     PYTHONPATH=bench python bench/studies/gate_error_rates/gate_error_rates.py summary --out results/latency_gate_live
 
 Each trial is one live ``compare`` as ``mrcnn-bench gate --latency-against`` runs it

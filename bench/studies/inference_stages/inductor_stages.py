@@ -1,6 +1,7 @@
 """Where the static model's time goes, stage by stage, eager and under inductor, against the ceiling.
 
-    python bench/studies/inference_stages/inductor_stages.py [--preset coco_r50_fpn] [--rounds 10] [--out results/levers]
+    python bench/studies/inference_stages/inductor_stages.py [--preset coco_r50_fpn] [--rounds 10]
+        [--out results/levers]
 
 ``run --profile`` times stages with module hooks, which only eager execution allows. Here the
 static model is cut where its own API cuts it, so each piece can be compiled on its own:
@@ -123,7 +124,8 @@ def summarize(rows: Rows, info: dict[str, Any]) -> list[dict[str, Any]]:
 def markdown(table: Rows, meta: dict[str, Any]) -> str:
     lines = [
         f"# Static model stage by stage, eager and inductor ({meta['preset']})", "",
-        f"Command: `{meta['command']}` (method: `bench/studies/inference_stages/inductor_stages.py`). Commit {meta['commit']}; torch "
+        f"Command: `{meta['command']}` (method: `bench/studies/inference_stages/inductor_stages.py`). "
+        f"Commit {meta['commit']}; torch "
         f"{meta['torch']}, {meta['threads']} threads, {meta['cpu']}; {meta['date']}. Canvas {meta['canvas']}, "
         f"{meta['valid_detections']} of {meta['slots']} detection slots valid. Ceiling "
         f"{meta['ceiling']['fp32_gflops']:.0f} GFLOP/s fp32 ({meta['ceiling']['source']}). Median of "

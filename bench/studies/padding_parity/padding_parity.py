@@ -1,6 +1,7 @@
-"""Issue 18: detections on canvases larger than torchvision's padding, and what masking costs.
+"""Detections on canvases larger than torchvision's padding, and what masking costs.
 
-    python bench/studies/padding_parity/padding_parity.py parity [--preset coco_r50_fpn] [--seeds 0,1,2] [--calibrate-on-photos] [--out DIR]
+    python bench/studies/padding_parity/padding_parity.py parity [--preset coco_r50_fpn] [--seeds 0,1,2]
+        [--calibrate-on-photos] [--out DIR]
     python bench/studies/padding_parity/padding_parity.py cost   [--preset coco_r50_fpn] [--rounds 30] [--out DIR]
 
 ``parity``: for sample photographs (matplotlib's sample data) cropped and resized to every size

@@ -1,4 +1,4 @@
-"""Issue 14, defects 5 and 6: does a row's ratio (and do its compile counts) depend on which rows run beside it?
+"""Does a row's ratio (and do its compile counts) depend on which rows run beside it?
 
     python bench/studies/row_isolation/row_isolation.py run [--rounds 20] [--repeats 1] [--out results/isolation]
     python bench/studies/row_isolation/row_isolation.py summary [--out results/isolation]

@@ -1,6 +1,7 @@
-"""Issue 14: the false-alarm rate of ``mrcnn-bench compare RUN_A.json RUN_B.json`` across separate runs.
+"""The false-alarm rate of ``mrcnn-bench compare RUN_A.json RUN_B.json`` across separate runs.
 
-    python bench/studies/stored_compare_false_alarms/stored_compare_aa.py run [--pairs 72] [--rounds 25] [--out results/stored_compare_aa]
+    python bench/studies/stored_compare_false_alarms/stored_compare_aa.py run [--pairs 72] [--rounds 25]
+        [--out results/stored_compare_aa]
     python bench/studies/stored_compare_false_alarms/stored_compare_aa.py summary [--out results/stored_compare_aa]
 
 A trial is two separate ``mrcnn-bench run`` processes of the same code and settings (torchvision/eager
@@ -133,7 +134,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     text = [
         f"# Stored-run compare, A/A: {n} trials of {trials[0]['rounds']} rounds",
         "",
-        "`python bench/studies/stored_compare_false_alarms/stored_compare_aa.py run` then `summary`. A trial: two separate `mrcnn-bench run`s of the",
+        "`python bench/studies/stored_compare_false_alarms/stored_compare_aa.py run` then `summary`. "
+        "A trial: two separate `mrcnn-bench run`s of the",
         "same code (static/eager and torchvision/eager, tiny preset, 240x320, 2 threads), each row's rounds",
         "taken over the same round's torchvision/eager time in its own run. Rates with two-sided 95%",
         "Clopper-Pearson intervals.",

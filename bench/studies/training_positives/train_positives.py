@@ -110,7 +110,8 @@ def main() -> int:
             f"| {r['batch_max_median']:g} / {r['batch_max_p90']} / {r['batch_max_max']} | {use} "
             f"| {r['mean_slots']:.1f} | {r['mean_slots'] / r['quota']:.2f} |"
         )
-    command = ["python bench/studies/training_positives/train_positives.py", f"--buckets {args.buckets}", f"--epochs {args.epochs}"]
+    command = ["python bench/studies/training_positives/train_positives.py", f"--buckets {args.buckets}",
+               f"--epochs {args.epochs}"]
     if args.checkpoints:
         command.append("--checkpoints " + " ".join(map(str, args.checkpoints)))
     lines += ["", "    " + " ".join(command)]

@@ -8,7 +8,8 @@ torchvision's step is work the static model cannot avoid: ``1 / share`` bounds t
 static-shape rewrite of the rest can give, before it is measured. Subnormal floats are flushed to
 zero, as in the harness's training rows (:func:`mrcnn_bench.backends.flush_subnormals`).
 
-    python bench/studies/training_profile/profile_training.py --preset tiny --threads 2 [--set KEY=VALUE ...] [--out FILE.md]
+    python bench/studies/training_profile/profile_training.py --preset tiny --threads 2 [--set KEY=VALUE ...]
+        [--out FILE.md]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 16: are the COCO-size training runs' slow rounds subnormal floats? One row, flush on and off.
+"""Are the COCO-size training runs' slow rounds subnormal floats? One row, flush on and off.
 
     PYTHONPATH=bench python bench/studies/training_subnormals/denormal_probe.py [--case torchvision/train] [--steps 7]
         [--out results/training/denormal_probe.md]
@@ -88,7 +88,8 @@ def main() -> int:
         return 0
     passes = {flush: pass_in_subprocess(args.case, args.steps, flush) for flush in (False, True)}
     lines = [f"# Subnormal floats and step time: {args.case}, coco_r50_fpn 320x427, 2 threads", "",
-             "`PYTHONPATH=bench python bench/studies/training_subnormals/denormal_probe.py` (each pass in a fresh process from the same "
+             "`PYTHONPATH=bench python bench/studies/training_subnormals/denormal_probe.py` "
+             "(each pass in a fresh process from the same "
              "start: subnormals kept, then flushed in every thread from the process's start).", "",
              "| step | s, kept | s, flushed | subnormal params / grads, kept | flushed | loss kept | loss flushed |",
              "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -1,6 +1,7 @@
-"""Do calibrated random weights give spread scores on photographs? (issue 18's parity inputs)
+"""Do calibrated random weights give spread scores on photographs? (the padding parity study's inputs)
 
-    python bench/studies/weight_calibration/weight_calibration.py [--preset tiny] [--seeds 0,1,2] [--out results/weights]
+    python bench/studies/weight_calibration/weight_calibration.py [--preset tiny] [--seeds 0,1,2]
+        [--out results/weights]
 
 For each calibration batch of ``synthetic_weights`` (textured images only, as before; the default
 textured + white noise; the default plus the two sample photographs) and each seed, runs
@@ -73,7 +74,8 @@ def main() -> None:
     cfg = get_config("tiny") if opts.preset == "tiny" else build_config("coco_r50_fpn", 320, 533)
     table = measure(cfg, [int(s) for s in opts.seeds.split(",")])
     opts.out.mkdir(parents=True, exist_ok=True)
-    command = f"python bench/studies/weight_calibration/weight_calibration.py --preset {opts.preset} --seeds {opts.seeds}"
+    command = (f"python bench/studies/weight_calibration/weight_calibration.py --preset {opts.preset} "
+               f"--seeds {opts.seeds}")
     text = f"# synthetic_weights on photographs: {opts.preset}\n\n    {command}\n\n"
     text += table.to_markdown(index=False, floatfmt=".1f") + "\n"
     (opts.out / f"calibration_{opts.preset}.md").write_text(text)

@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the markdown table to write")
     args = parser.parse_args(argv)
     lines = ["# Wrong invocations and what they print", "",
-             "`python bench/studies/wrong_invocations/cli_errors.py --out results/cli/wrong_invocations.md`, each command from a scratch "
+             "`python bench/studies/wrong_invocations/cli_errors.py --out results/cli/wrong_invocations.md`, "
+             "each command from a scratch "
              "folder holding only `broken_cases.py` (`raise RuntimeError('typo in my cases')`), `CI=true`.", "",
              "| command | exit | stderr |", "| --- | --- | --- |"]
     tracebacks = []
