@@ -11,7 +11,7 @@ malformed baseline, missing checkpoint, bad flags), with one line naming the pro
 
 Command line::
 
-    mrcnn-bench accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline results/accuracy/ci.json]
+    mrcnn-bench accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline baselines/accuracy/ci.json]
                               [--seed 0] [--inject-fault box_coder|mask_shift]
     mrcnn-bench accuracy-gate --recipe ci --write-baseline --from-runs out/ci-s0 out/ci-s1 out/ci-s2
     mrcnn-bench accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4 5 6 7 8 9    # trains the seeds first
@@ -26,7 +26,6 @@ import json
 import shlex
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from mrcnn.exits import guarded
 from mrcnn.model import MaskRCNN
 from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import get_recipe
+from mrcnn_bench import timing
 from mrcnn_bench.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
@@ -136,7 +136,7 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
     get_recipe(opts.recipe)
     baseline = load_baseline(opts.baseline or default_baseline_path(opts.recipe), opts.recipe)
     check_fault(opts.fault)
-    start = time.perf_counter()
+    wall = timing.Stopwatch()
     if opts.checkpoint is not None:
         if opts.fault is not None:
             raise ValueError("a fault changes training; it cannot apply to an existing checkpoint")
@@ -165,7 +165,7 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
         failures=failures,
         source=source,
         fault=opts.fault,
-        wall_time=time.perf_counter() - start,
+        wall_time=wall.elapsed(),
     )
 
 
@@ -177,7 +177,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--recipe", default="ci", help="recipe to gate (default ci)")
     parser.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training")
     parser.add_argument(
-        "--baseline", default=None, type=Path, help="default $MRCNN_RESULTS_DIR or ./results, /accuracy/<recipe>.json"
+        "--baseline",
+        default=None,
+        type=Path,
+        help="default $MRCNN_BASELINES_DIR or ./baselines, /accuracy/<recipe>.json",
     )
     parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
     parser.add_argument(

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from mrcnn_bench import backends
+from mrcnn_bench import backends, timing
 from mrcnn_bench.cases import Row
 from mrcnn_bench.context import Context
 from mrcnn_bench.pipelines import Pipeline
@@ -81,9 +81,7 @@ class InProcessRow:
 def timed_call(pipeline: Pipeline, index: int) -> CallResult:
     """(seconds, result, peak memory GB, peak minus memory before the call GB) of one call."""
     before = backends.memory_reset(pipeline.device)
-    t0 = time.perf_counter()
-    result = pipeline.call(index)
-    seconds = time.perf_counter() - t0
+    seconds, result = timing.timed(pipeline.call, index)
     peak = backends.memory_peak(pipeline.device)
     return seconds, result, peak, peak - before
 

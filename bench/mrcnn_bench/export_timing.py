@@ -34,6 +34,7 @@ from mrcnn.export.compare import check_images, check_outputs, describe_check, mi
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights
+from mrcnn_bench import timing
 
 
 @dataclass(frozen=True)
@@ -111,14 +112,13 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str
     uses the inclusive method, whose IQR is narrower on few rounds, so IQRs of the two commands
     are not comparable.
     """
-    names = list(fns)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        for n in names[r % len(names) :] + names[: r % len(names)]:
-            c0, t0 = time.process_time(), time.perf_counter()
-            fns[n]()
-            times[n].append(time.perf_counter() - t0)
+    times: dict[str, list[float]] = {n: [] for n in fns}
+    cpu: dict[str, list[float]] = {n: [] for n in fns}
+    for _, names in timing.schedule(list(fns), "rotate", rounds):
+        for n in names:
+            c0 = time.process_time()
+            seconds, _ = timing.timed(fns[n])
+            times[n].append(seconds)
             cpu[n].append(time.process_time() - c0)
     out = {}
     for n, ts in times.items():
@@ -133,12 +133,12 @@ def load_timed(paths: dict[str, str], images: list[Tensor]) -> tuple[dict[str, D
     loaded: dict[str, DeployedModel] = {}
     report: dict[str, Any] = {"first_result_s": {}, "load_s": {}}
     for fmt, path in paths.items():
-        t0 = time.perf_counter()
+        since_load = timing.Stopwatch()
         loaded[fmt] = load_exported(path)
-        report["load_s"][fmt] = time.perf_counter() - t0
+        report["load_s"][fmt] = since_load.elapsed()
         batch = loaded[fmt].image_batch(images[: loaded[fmt].meta.batch_size])
         loaded[fmt](batch.tensors, batch.image_sizes)
-        report["first_result_s"][fmt] = time.perf_counter() - t0
+        report["first_result_s"][fmt] = since_load.elapsed()
     return loaded, report
 
 

@@ -21,11 +21,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from mrcnn_bench import timing
 
 FIXTURE_ENV = "MRCNN_ASV_FIXTURE"
 DEFAULT_ROOT = Path(".asv/fixtures")
@@ -168,7 +169,7 @@ def evaluate_fixture(fixture: Fixture, threads: int | None = None) -> AccuracyRe
     from mrcnn.recipes import get_recipe
     from mrcnn.weights import load_torchvision_weights
 
-    t0 = time.perf_counter()
+    wall = timing.Stopwatch()
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     meta = json.loads(fixture.meta.read_text())
     cfg = get_recipe(meta["recipe"]).config()  # the commit's own settings for the recipe
@@ -177,7 +178,7 @@ def evaluate_fixture(fixture: Fixture, threads: int | None = None) -> AccuracyRe
     dataset = CocoDataset(fixture.root / meta["data_root"], meta["split"])
     metrics = evaluate(model, dataset, cfg, batch_size=2, device=torch.device("cpu"))
     return AccuracyRecord(
-        metrics["bbox/AP"], metrics["segm/AP"], len(dataset), time.perf_counter() - t0, meta["model_sha256"]
+        metrics["bbox/AP"], metrics["segm/AP"], len(dataset), wall.elapsed(), meta["model_sha256"]
     )
 
 

@@ -23,12 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mrcnn_bench import timing
 from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRACKED
 from mrcnn_bench.interleaved import DEFAULT_BUDGET_S, CaseRecord, pool
 
@@ -77,14 +77,14 @@ def run_part(args: Sequence[str], timeout: float = PART_TIMEOUT_S) -> Part:
             **os.environ,
             "PYTHONPATH": os.pathsep.join([_BENCH, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         }
-        t0 = time.perf_counter()
+        wall = timing.Stopwatch()
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", *args, str(out)], env=env, capture_output=True, text=True, timeout=timeout
             )
         except subprocess.TimeoutExpired:
-            return Part(None, f"{' '.join(args)}: no result in {timeout:.0f} s", time.perf_counter() - t0)
-        seconds = time.perf_counter() - t0
+            return Part(None, f"{' '.join(args)}: no result in {timeout:.0f} s", wall.elapsed())
+        seconds = wall.elapsed()
         if proc.returncode == 0 and out.is_file():
             return Part(json.loads(out.read_text()), None, seconds)
         tail = "\n".join(proc.stderr.strip().splitlines()[-20:])

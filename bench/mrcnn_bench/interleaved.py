@@ -26,11 +26,12 @@ import math
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from mrcnn_bench import timing
 
 # Why these: results/asv/README.md (A/A spread of the ratios over repeated runs of one commit).
 DEFAULT_BUDGET_S = 40.0  # per case and commit, shared by its processes
@@ -114,25 +115,16 @@ def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     return q1, q2, q3
 
 
-def _timed(fn: Callable[[int], Any], index: int) -> float:
-    t0 = time.perf_counter()
-    fn(index)
-    return time.perf_counter() - t0
-
-
 def interleave(
     case_call: Callable[[int], Any], ruler_call: Callable[[int], Any], rounds: int
 ) -> tuple[list[float], list[float]]:
-    """``rounds`` rounds of one call each, the order alternating; returns (case seconds, ruler seconds)."""
-    case_s, ruler_s = [], []
-    for r in range(rounds):
-        if r % 2:
-            case_s.append(_timed(case_call, r))
-            ruler_s.append(_timed(ruler_call, r))
-        else:
-            ruler_s.append(_timed(ruler_call, r))
-            case_s.append(_timed(case_call, r))
-    return case_s, ruler_s
+    """``rounds`` rounds of one call each, ``call(round)``, the ruler first on even rounds and the case
+    first on odd ones; returns (case seconds, ruler seconds)."""
+    seconds: dict[str, list[float]] = {"case": [], "ruler": []}
+    calls = {"ruler": ruler_call, "case": case_call}
+    for _, name, s, _ in timing.timed_rounds(calls, "alternate", rounds, pass_round=True):
+        seconds[name].append(s)
+    return seconds["case"], seconds["ruler"]
 
 
 def rounds_for(round_s: float, budget_s: float) -> int:
@@ -173,10 +165,10 @@ def measure(
     ruler = Ruler(case.phase)
     pipeline = Pipeline(Row(case), ctx)
     pipeline.setup()
-    first = _timed(pipeline.call, 0)
+    first, _ = timing.timed(pipeline.call, 0)
     warm = []
     for index in range(1, workload.images + 1):  # every distinct input, so no compile lands in a round
-        warm.append(_timed(pipeline.call, index) + _timed(ruler.call, index))
+        warm.append(timing.timed(pipeline.call, index)[0] + timing.timed(ruler.call, index)[0])
     rounds = rounds or rounds_for(statistics.median(warm), budget_s)
     load_before = os.getloadavg()[0]
     case_s, ruler_s = interleave(pipeline.call, ruler.call, rounds)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from mrcnn_bench import timing
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.stats import paired_ratio_ci
 
@@ -41,21 +41,14 @@ def run_rounds(
     the number of calls timed now (0 when every round was already there).
     """
     done = done_keys(out)
-    names = list(variants)
     timed = 0
-    for r in range(rounds):
-        order = names if r % 2 == 0 else names[::-1]  # A B, then B A: drifts in load hit both alike
-        for name in order:
-            key = f"{prefix}{r}:{name}"
-            if key in done:
-                continue
-            t0 = time.perf_counter()
-            variants[name]()
-            seconds = time.perf_counter() - t0
-            row = dict(key=key, round=r, variant=name, seconds=seconds, **(extra() if extra else {}))
-            with out.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            timed += 1
+    # A B, then B A: drifts in load hit both alike.
+    calls = timing.timed_rounds(variants, "alternate", rounds, skip=lambda r, name: f"{prefix}{r}:{name}" in done)
+    for r, name, seconds, _ in calls:
+        row = dict(key=f"{prefix}{r}:{name}", round=r, variant=name, seconds=seconds, **(extra() if extra else {}))
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        timed += 1
     return timed
 
 

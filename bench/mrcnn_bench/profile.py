@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from mrcnn_bench import timing
 from mrcnn_bench.cases import CASES, Row
 from mrcnn_bench.context import Context
 from mrcnn_bench.pipelines import Pipeline
@@ -74,7 +74,7 @@ def _by_stage(sums: dict[str, float]) -> dict[str, float]:
 
 
 def stage_times(
-    runs: Runs, reps: int = 3, clock: Callable[[], float] = time.perf_counter
+    runs: Runs, reps: int = 3, clock: Callable[[], float] = timing.clock
 ) -> dict[str, dict[str, float]]:
     """Median seconds per stage of :data:`STAGES`, per run, over ``reps`` interleaved calls (after one
     untimed call of each)."""
@@ -85,8 +85,9 @@ def stage_times(
             stack.enter_context(_metered(model, clock, sums))
         for _, call in runs.values():
             call()
-        for _ in range(reps):
-            for name, (_, call) in runs.items():
+        for _, names in timing.schedule(list(runs), "fixed", reps):
+            for name in names:
+                call = runs[name][1]
                 sums.clear()
                 t0 = clock()
                 call()

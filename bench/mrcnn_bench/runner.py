@@ -39,7 +39,7 @@ from typing import Any
 import torch
 
 from mrcnn.progress import progress
-from mrcnn_bench import backends, ceiling, defaults, journal
+from mrcnn_bench import backends, ceiling, defaults, journal, timing
 from mrcnn_bench.cases import Case, Row, Workload
 from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
 from mrcnn_bench.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
@@ -136,7 +136,7 @@ def run(opts: RunOptions) -> RunOutput:
     torch.set_num_threads(threads)
     torch.manual_seed(opts.seed)
     results = [RowResult(row) for row in opts.rows]
-    t_run = time.perf_counter()
+    run_clock = timing.Stopwatch()
     start = restore(results, previous) if previous else 0
     active = [r for r in skip_absent(results) if r.status == "pending"]
     need_training = any(r.row.case.phase == "training" for r in active)
@@ -187,7 +187,7 @@ def run(opts: RunOptions) -> RunOutput:
                # stored before this key kept them, and compare refuses to mix the two (ab.settings).
                "subnormals": SUBNORMALS}
     peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
-    info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, time.perf_counter() - t_run,
+    info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, run_clock.elapsed(),
                    threads, options, interrupted=interrupted, resumed_from_round=start,
                    ceiling=dataclasses.asdict(limit) if limit else {}, stage_flops=flops_by_stage)
     return RunOutput(results, info)
@@ -306,9 +306,7 @@ def _warm_up_row(r: RowResult, runner: RowRunner, calls: int, opts: RunOptions) 
     r.counters_start = runner.counters()
     # Dynamo's reasons are process-wide: keep those the row's own warm-up adds.
     reasons_before = backends.dynamo_reasons() if r.row.case.compiler == "inductor" and not in_worker else None
-    t0 = time.perf_counter()
-    runner.setup()
-    r.setup_s = time.perf_counter() - t0
+    r.setup_s, _ = timing.timed(runner.setup)
     if not in_worker:
         r.counters_start = runner.counters()
     for w in range(calls):
@@ -344,8 +342,7 @@ def timed_rounds(active: list[RowResult], runners: dict[str, RowRunner], opts: R
                                      total=opts.rounds, enabled=opts.progress)
     worker_pids = [w.proc.pid for w in runners.values() if isinstance(w, WorkerRow) and w.proc]
     machine.append(machine_state(worker_pids))
-    for rnd in rounds:
-        order = running[rnd % len(running):] + running[: rnd % len(running)] if running else []
+    for rnd, order in timing.schedule(running, "rotate", rounds):
         marks = {r.row.name: _Mark(r) for r in running}
         outputs: dict[Row, Any] = {}
         try:

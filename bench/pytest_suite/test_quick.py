@@ -8,12 +8,11 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import torch
 
-from mrcnn_bench import backends
+from mrcnn_bench import backends, timing
 from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD, Row
 from mrcnn_bench.context import ContextOptions, make_context
 from mrcnn_bench.pipelines import Pipeline
@@ -39,9 +38,7 @@ def test_case(benchmark, context, name, request):
     pipeline = Pipeline(Row(case), context)
     start = pipeline.counters()
     pipeline.setup()
-    t0 = time.perf_counter()
-    pipeline.call(TIMED_INDEX)
-    first = time.perf_counter() - t0
+    first, _ = timing.timed(pipeline.call, TIMED_INDEX)
     warm = pipeline.counters()
     before = backends.memory_reset(pipeline.device)
     rounds = request.config.getoption("--quick-rounds")

@@ -3,7 +3,6 @@ to mix runs that flushed with runs that kept them; the probe's counter counts on
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,16 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from mrcnn_bench import ab, runner
+from mrcnn_bench import ab, runner, subnormal_steps
 from mrcnn_bench.cases import Case, Row, Workload
 from mrcnn_bench.records import Record, RunDocument, RunInfo
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "bench" / "studies" / "training_subnormals" / "denormal_probe.py"
-_spec = importlib.util.spec_from_file_location("denormal_probe", SCRIPT)
-probe = importlib.util.module_from_spec(_spec)  # a script in bench/, not a package
-sys.modules["denormal_probe"] = probe
-_spec.loader.exec_module(probe)
 
 # In a fresh interpreter with 2 CPU threads: flush (before or after a parallel op), then count the
 # values of a parallel product over the smallest subnormal float32 that did not come out zero.
@@ -84,5 +78,5 @@ def test_compare_refuses_training_runs_that_flushed_against_runs_that_kept_subno
 def test_subnormals_counts_only_nonzero_values_below_the_smallest_normal():
     tiny = torch.finfo(torch.float32).tiny
     t = torch.tensor([0.0, tiny, tiny / 2, -tiny / 4, 1e-45, 1.0, -0.0])
-    assert probe.subnormals([t]) == 3  # tiny/2, -tiny/4 and 1e-45 (the smallest subnormal)
-    assert probe.subnormals([t.to(torch.bfloat16), t]) == 3  # only float32 tensors are counted
+    assert subnormal_steps.subnormals([t]) == 3  # tiny/2, -tiny/4 and 1e-45 (the smallest subnormal)
+    assert subnormal_steps.subnormals([t.to(torch.bfloat16), t]) == 3  # only float32 tensors are counted

@@ -62,7 +62,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store
+from mrcnn_bench import store, timing
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import machine_state
@@ -200,9 +200,8 @@ def _difference(a: Any, b: Any) -> dict[str, Any]:
 def setup(lever: str, workload: str, modes: list[str], warmup: int) -> tuple[dict[str, Call], list, dict]:
     preset, size, _ = WORKLOADS[workload]
     cfg = get_config(preset)
-    t0 = time.perf_counter()
-    weights = synthetic_weights(cfg, seed=0)
-    info: dict[str, Any] = {"preset": preset, "image_size": list(size), "weights_s": time.perf_counter() - t0}
+    weights_s, weights = timing.timed(lambda: synthetic_weights(cfg, seed=0))
+    info: dict[str, Any] = {"preset": preset, "image_size": list(size), "weights_s": weights_s}
     batch = to_image_batch(textured_images((size,), seed=0), cfg)
     info["canvas"] = list(batch.tensors.shape[-2:])
     calls, pairs = variants(lever, cfg, weights, batch, modes)
@@ -212,9 +211,7 @@ def setup(lever: str, workload: str, modes: list[str], warmup: int) -> tuple[dic
     with torch.no_grad():
         for name, call in calls.items():
             before = dict(counters["inductor"])
-            t0 = time.perf_counter()
-            outputs[name] = call()
-            first[name] = time.perf_counter() - t0
+            first[name], outputs[name] = timing.timed(call)
             packs[name] = {k: v - before.get(k, 0) for k, v in counters["inductor"].items()
                            if "pack" in k and v - before.get(k, 0)}  # fmt: skip
             for _ in range(warmup - 1):

@@ -31,6 +31,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedDetector
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from mrcnn_bench import timing
 
 BUCKETS = (8, 16, 32, 64, 100)
 SIZES = ((240, 320), (300, 400), (180, 240))  # one canvas, (320, 448)
@@ -55,14 +56,11 @@ def measure(thresh: float, rounds: int, weights: dict[str, torch.Tensor], images
         for model in models.values():  # warm-up: one call per image
             model.predict(images)
     times: dict[str, list[float]] = {"off": [], "on": []}  # seconds per image, one entry per round
-    for r in range(rounds):
-        order = ("off", "on") if r % 2 == 0 else ("on", "off")
+    for _, order in timing.schedule(("off", "on"), "alternate", rounds):  # off on, then on off
         per_round = {name: 0.0 for name in order}
         for img in images:
             for name in order:
-                t = time.perf_counter()
-                models[name].predict([img])
-                per_round[name] += time.perf_counter() - t
+                per_round[name] += timing.timed(models[name].predict, [img])[0]
         for name in order:
             times[name].append(per_round[name] / len(images))
     ratios = [on / off for on, off in zip(times["on"], times["off"])]

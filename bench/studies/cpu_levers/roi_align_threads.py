@@ -52,7 +52,7 @@ from mrcnn.ops import multilevel_roi_align, parallel
 from mrcnn.ops.roi_align import infer_scales, roi_levels
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store
+from mrcnn_bench import store, timing
 from mrcnn_bench.stats import paired_ratio_ci
 
 PRESETS = {"tiny": (320, 448), "coco_r50_fpn": (800, 1088)}  # kernel canvases
@@ -112,11 +112,14 @@ def _set(threads: int, threaded: bool) -> None:
     parallel.THREADED = threaded
 
 
-def _timed(fn: Callable[[], object], reps: int) -> float:
-    t = time.perf_counter()
+def _repeat(fn: Callable[[], object], reps: int) -> None:
     for _ in range(reps):
         fn()
-    return (time.perf_counter() - t) / reps
+
+
+def _timed(fn: Callable[[], object], reps: int) -> float:
+    """Mean seconds of ``reps`` back-to-back calls of ``fn``, timed as one span."""
+    return timing.timed(_repeat, fn, reps)[0] / reps
 
 
 def _summary(times: dict[str, list[float]], extra: dict) -> dict:
@@ -172,9 +175,9 @@ def measure_case(preset: str, kind: str, rounds: int, seed: int = 0) -> dict:
     times = {d: {name: [] for name, *_ in VARIANTS} for d in ("forward", "backward")}
     loads = []
     keys = list(fns)
-    for r in range(rounds):
+    for r, order in timing.schedule(keys, "rotate", rounds):
         load_before = _load()
-        for key in keys[r % len(keys):] + keys[: r % len(keys)]:
+        for key in order:
             name, d = key
             _set(*settings[name])
             times[d][name].append(_timed(fns[key], reps[key]))
@@ -212,9 +215,9 @@ def model_levels(model: MaskRCNN, batch) -> dict[str, list[int]]:
 
 def measure_model(preset: str, rounds: int) -> dict:
     cfg = get_config(preset)
-    t = time.perf_counter()
-    model = load_torchvision_weights(MaskRCNN(cfg).eval(), synthetic_weights(cfg, seed=0))
-    weights_s = time.perf_counter() - t
+    with timing.Stopwatch() as loading:
+        model = load_torchvision_weights(MaskRCNN(cfg).eval(), synthetic_weights(cfg, seed=0))
+    weights_s = loading.seconds
     image_hw = MODEL_IMAGES[preset]
     batch = to_image_batch(textured_images((image_hw,), seed=0), cfg)
     torch.set_num_threads(2)
@@ -228,14 +231,12 @@ def measure_model(preset: str, rounds: int) -> dict:
     detections = int(outs[True].valid.sum())
     times: dict[str, list[float]] = {"off": [], "on": []}
     loads = []
-    for r in range(rounds):
+    for r, order in timing.schedule(("off", "on"), "alternate", rounds):  # off on, then on off
         load_before = _load()
-        for setting in (("off", "on") if r % 2 == 0 else ("on", "off")):
+        for setting in order:
             parallel.THREADED = setting == "on"
             with torch.inference_mode():
-                t = time.perf_counter()
-                model(batch)
-                times[setting].append(time.perf_counter() - t)
+                times[setting].append(timing.timed(model, batch)[0])
         loads.append([load_before, _load()])
         print(f"  model {preset} round {r + 1}/{rounds} load {loads[-1][1]:.1f}", flush=True)
     parallel.THREADED = True

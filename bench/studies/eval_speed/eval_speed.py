@@ -24,7 +24,6 @@ import argparse
 import contextlib
 import io
 import math
-import time
 
 import numpy as np
 import torch
@@ -33,6 +32,7 @@ from pycocotools.coco import COCO
 from mrcnn.evaluate import detections_to_coco_results, evaluate_coco, to_coco_results
 from mrcnn.postprocess import postprocess
 from mrcnn.structures import Detections, ImageBatch
+from mrcnn_bench import timing
 
 
 def make_ground_truth(num_images: int, height: int, width: int, rng: np.random.Generator) -> COCO:
@@ -121,11 +121,10 @@ def time_reference_path(batches: list[tuple[Detections, ImageBatch, list[int]]],
             if n_done == count:
                 break
             one = slice(i, i + 1)
-            t0 = time.perf_counter()
-            outputs = postprocess(Detections(*(t[one] for t in det)), ImageBatch(*(t[one] for t in batch)))
-            t1 = time.perf_counter()
-            slow = to_coco_results(outputs, [image_id])
-            t_paste, t_encode = t_paste + t1 - t0, t_encode + time.perf_counter() - t1
+            with timing.Stopwatch() as paste:
+                outputs = postprocess(Detections(*(t[one] for t in det)), ImageBatch(*(t[one] for t in batch)))
+            encode_s, slow = timing.timed(to_coco_results, outputs, [image_id])
+            t_paste, t_encode = t_paste + paste.seconds, t_encode + encode_s
             fast = {k: [d for d in v if d["image_id"] == image_id] for k, v in results.items()}
             if slow != fast:
                 raise SystemExit(f"image {image_id}: box-local encoding differs from postprocess + encode_masks")
@@ -160,22 +159,21 @@ def main() -> None:
     )
 
     timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    results: dict[str, list] = {"bbox": [], "segm": []}
-    for det, batch, chunk in batches:  # labels 1..6 are the category ids here
-        converted, _ = detections_to_coco_results(det, batch, chunk)
-        for key, dets in converted.items():
-            results[key] += dets
-    timings["boxes + masks to RLE (box-local)"] = time.perf_counter() - t0
+    with timing.Stopwatch() as encoding:
+        results: dict[str, list] = {"bbox": [], "segm": []}
+        for det, batch, chunk in batches:  # labels 1..6 are the category ids here
+            converted, _ = detections_to_coco_results(det, batch, chunk)
+            for key, dets in converted.items():
+                results[key] += dets
+    timings["boxes + masks to RLE (box-local)"] = encoding.seconds
 
     if args.full_paste_images:
         print(time_reference_path(batches, results, args.full_paste_images, args.images))
 
     metrics = {}
     for iou_type in ("bbox", "segm"):
-        t0 = time.perf_counter()
-        metrics.update(evaluate_coco(coco, {iou_type: results[iou_type]}))
-        timings[f"COCOeval {iou_type}"] = time.perf_counter() - t0
+        timings[f"COCOeval {iou_type}"], scores = timing.timed(evaluate_coco, coco, {iou_type: results[iou_type]})
+        metrics.update(scores)
 
     for name, seconds in timings.items():
         print(f"{name:28s} {seconds:7.2f} s")

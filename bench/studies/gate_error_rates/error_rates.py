@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +35,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.progress import progress
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from mrcnn_bench import timing
 from mrcnn_bench.slowdown import inject_slowdown
 from mrcnn_bench.stats import RULES, compare_latency, min_p_value
 
@@ -54,27 +54,19 @@ def _rate(k: int, n: int) -> dict:
             "ci95": [ci.low, ci.high] if ci else None}
 
 
-def _time_call(model: MaskRCNN, batch) -> float:
-    start = time.perf_counter()
-    model(batch)
-    return time.perf_counter() - start
-
-
 def run_trial(a: MaskRCNN, b: MaskRCNN, batch, rounds: int, warmup: int, b_first: bool, bar: Any) -> dict:
     """Warm up both, then ``rounds`` interleaved rounds; which goes first alternates every round."""
     for _ in range(warmup):
         a(batch)
         b(batch)
-    ta, tb = [], []
-    for r in range(rounds):
-        if (r % 2 == 1) != b_first:
-            ta.append(_time_call(a, batch))
-            tb.append(_time_call(b, batch))
-        else:
-            tb.append(_time_call(b, batch))
-            ta.append(_time_call(a, batch))
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    models = {"a": a, "b": b}
+    # b_first=True: A first on even rounds, B on odd ones; b_first=False: the other way round.
+    for _, order in timing.schedule(("a", "b") if b_first else ("b", "a"), "alternate", rounds):
+        for name in order:
+            times[name].append(timing.timed(models[name], batch)[0])
         bar.update(1)
-    return {"a": ta, "b": tb}
+    return times
 
 
 def _fmt_rate(r: dict) -> str:
@@ -182,9 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     batch = to_image_batch(textured_images((args.size,) * args.images, seed=1), cfg)
 
     load_start = os.getloadavg()
-    start = time.perf_counter()
-    trials = run_trials(a, a2, slow, batch, args, max_rounds)
-    wall = time.perf_counter() - start
+    wall, trials = timing.timed(run_trials, a, a2, slow, batch, args, max_rounds)
     setup = {
         "preset": cfg.name, "size": list(args.size), "images": args.images,
         "torch_threads": torch.get_num_threads(),

@@ -39,7 +39,7 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import ceiling, store
+from mrcnn_bench import ceiling, store, timing
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.onoff import run_rounds, seconds_by_round
 from mrcnn_bench.probes import count_flops
@@ -84,9 +84,7 @@ def setup(preset: str) -> tuple[dict[str, Callable[[], Any]], dict[str, Any]]:
     info["first_call_s"] = {}
     with torch.no_grad():
         for name, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            info["first_call_s"][name] = time.perf_counter() - t0
+            info["first_call_s"][name], _ = timing.timed(fn)
             print(f"first call {name}: {info['first_call_s'][name]:.1f} s", flush=True)
     return variants, info
 

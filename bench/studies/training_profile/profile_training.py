@@ -15,13 +15,13 @@ zero, as in the harness's training rows (:func:`mrcnn_bench.backends.flush_subno
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mrcnn.overrides import parse_override
+from mrcnn_bench import timing
 from mrcnn_bench.backends import flush_subnormals
 from mrcnn_bench.cases import Case, Row, Workload
 from mrcnn_bench.cli import parse_size
@@ -61,11 +61,10 @@ def main() -> None:
         pipe.setup()
         for i in range(2):
             pipe.call(i)
-        start = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with timing.Stopwatch() as steps, profile(activities=[ProfilerActivity.CPU]) as prof:
             for i in range(args.steps):
                 pipe.call(i)
-        per_step = (time.perf_counter() - start) / args.steps
+        per_step = steps.seconds / args.steps
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
         conv = sum(e.self_cpu_time_total for e in events if e.key in CONV_OPS)

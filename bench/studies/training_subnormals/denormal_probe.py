@@ -13,7 +13,8 @@ process of its own: subnormals kept, then flushed to zero in every thread from t
 (:func:`mrcnn_bench.backends.flush_subnormals`; ``torch.set_flush_denormal`` later in a process
 reaches only its calling thread, not the CPU pool's). It times each step and after each step
 (untimed) counts the subnormal values in the parameters and their gradients. Same settings as those
-runs: ``coco_r50_fpn``, 320x427 training images, canvases up to 512, 2 threads.
+runs: ``coco_r50_fpn``, 320x427 training images, canvases up to 512, 2 threads. The pass itself is
+:func:`mrcnn_bench.subnormal_steps.one_pass`; this script runs it twice and writes the table.
 """
 
 from __future__ import annotations
@@ -23,48 +24,9 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import torch
-
-from mrcnn_bench.backends import flush_subnormals
-from mrcnn_bench.cases import Row, default_workload, parse_cases
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.pipelines import Pipeline
-
-OVERRIDES = {"min_size": 320, "max_size": 512,
-             "canvases": ((320, 320), (320, 448), (320, 512), (448, 320), (512, 320))}
-
-
-def subnormals(tensors: list[torch.Tensor]) -> int:
-    """How many nonzero values lie below the smallest normal float32."""
-    tiny = torch.finfo(torch.float32).tiny
-    return int(sum(((t != 0) & (t.abs() < tiny)).sum() for t in tensors if t.dtype == torch.float32))
-
-
-def one_pass(case: str, steps: int, flush: bool) -> list[dict[str, float]]:
-    """This process's pass: call it first thing in a fresh process (flushing must precede the CPU pool)."""
-    if flush:
-        flush_subnormals()
-    torch.set_num_threads(2)
-    ctx, _ = make_context(ContextOptions(workload=default_workload("coco_r50_fpn", (320, 427)), threads=2,
-                                         need_training=True, overrides=OVERRIDES))
-    pipeline = Pipeline(Row(parse_cases(case)[0]), ctx)
-    pipeline.setup()
-    assert pipeline.model is not None
-    params = [p for p in pipeline.model.parameters() if p.requires_grad]
-    out = []
-    for index in range(steps):
-        t0 = time.perf_counter()
-        loss = pipeline.call(index)["loss"]
-        seconds = time.perf_counter() - t0
-        grads = [p.grad for p in params if p.grad is not None]
-        out.append({"step": index, "seconds": seconds, "loss": loss, "params": subnormals(params),
-                    "grads": subnormals(grads)})
-        print(f"flush={flush} step {index}: {seconds:.2f} s, loss {loss:.3f}, subnormal params "
-              f"{out[-1]['params']}, grads {out[-1]['grads']}", file=sys.stderr, flush=True)
-    return out
+from mrcnn_bench.subnormal_steps import one_pass
 
 
 def pass_in_subprocess(case: str, steps: int, flush: bool) -> list[dict[str, float]]:
