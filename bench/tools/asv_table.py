@@ -3,145 +3,14 @@
     PYTHONPATH=bench python bench/tools/asv_table.py MACHINE [--revs REVS] [--steps] [--results results/asv] [--repo .]
         [--out FILE.md]
 
-Reads asv's result files through asv's own loader and prints, per commit (ordered by commit date):
-the ratio of each inference case and of the training step to the ruler, the compile counts (XLA
-compiles and fallbacks; inductor graphs, breaks, recompiles) and ``1 - AP`` for box and mask. These
-are the figures the history is judged on (``asv_flags.HELD``); the dashboard draws the rest. The
-commit's subject comes from git when the repository has the commit. ``--steps`` adds the levels
-asv's own step detection finds in each ratio, in both directions: the regressions page lists only
-increases, so an improvement shows here and nowhere else. ``--revs`` keeps the commits ``git rev-list
-REVS`` names (``main``; ``asv-scratch~7..asv-scratch``): one machine may hold main's history and the
-scratch range, whose commits interleave by date, and steps are only meaningful along one line of
-commits. Exit 2 when the machine has no results there, or git cannot read REVS.
+What each column is, and the options: :mod:`mrcnn_bench.asv_results_table`.
 """
 
 from __future__ import annotations
 
-import argparse
-import itertools
-import subprocess
 import sys
-from datetime import UTC, datetime
-from pathlib import Path
 
-import pandas as pd
-from asv.results import iter_results_for_machine
-from asv.step_detect import detect_steps
-
-RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
-COUNTS = "benchmarks.Compiles.track_count"
-ERRORS = {"1 - box AP": "benchmarks.Accuracy.track_box_error", "1 - mask AP": "benchmarks.Accuracy.track_mask_error"}
-
-
-def _values(result, key: str) -> dict[tuple[str, ...], float]:
-    """One benchmark's values by parameter combination (asv stores them flat, in product order)."""
-    if key not in result.get_all_result_keys():
-        return {}
-    stored = result.get_result_params(key)
-    names = [[p.strip("'") for p in axis] for axis in stored]
-    return dict(zip(itertools.product(*names), result.get_result_value(key, stored), strict=True))
-
-
-def _count(values: dict[tuple[str, ...], float], case: str, names: tuple[str, ...]) -> str:
-    got = [values.get((case, n)) for n in names]
-    return ", ".join("-" if v is None or v != v else f"{v:.0f}" for v in got)
-
-
-def _subject(repo: Path, commit: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "log", "-1", "--format=%s", commit], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip()[:60] if done.returncode == 0 else ""
-
-
-def commits(repo: Path, revs: str) -> set[str]:
-    """The full hashes ``git rev-list REVS`` lists in ``repo``; ValueError when git cannot read REVS."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", revs], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {done.stderr.strip()}")
-    return set(done.stdout.split())
-
-
-def table(results: Path, machine: str, repo: Path | None = None, only: set[str] | None = None) -> pd.DataFrame:
-    """One row per commit (of ``only``, full hashes, when given), oldest first; columns as the module
-    docstring lists them."""
-    rows, ratios = [], {}
-    for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
-        if only is not None and result.commit_hash not in only:
-            continue
-        row: dict[str, object] = {
-            "commit": result.commit_hash[:8],
-            "date": datetime.fromtimestamp(result.date / 1000, UTC).strftime("%Y-%m-%d %H:%M"),
-        }
-        if repo is not None:
-            row["subject"] = _subject(repo, result.commit_hash)
-        for key in RATIOS:
-            cases = {case[0]: value for case, value in _values(result, key).items()}
-            row.update(cases)
-            ratios.update(dict.fromkeys(cases))
-        counts = _values(result, COUNTS)
-        row["compiles (xla; inductor)"] = (
-            _count(counts, "static/xla", ("xla_compiles", "fallback_ops"))
-            + "; "
-            + _count(counts, "static/inductor", ("graphs", "graph_breaks", "recompiles"))
-        )
-        for name, key in ERRORS.items():
-            row[name] = next(iter(_values(result, key).values()), float("nan"))
-        rows.append(row)
-    if not rows:
-        return pd.DataFrame()
-    frame = pd.DataFrame(rows)
-    frame.attrs["ratios"] = list(ratios)  # which columns are ratios to the ruler, for levels()
-    return frame
-
-
-def levels(frame: pd.DataFrame) -> pd.DataFrame:
-    """The levels ``asv.step_detect.detect_steps`` finds in each ratio column: one row per level."""
-    rows = []
-    for column in frame.attrs["ratios"]:
-        values = frame[column].tolist()
-        for left, right, value, _low, _err in detect_steps(values):
-            rows.append(
-                {
-                    "ratio": column,
-                    "from": frame["commit"][left],
-                    "to": frame["commit"][right - 1],
-                    "commits": right - left,
-                    "level": value,
-                }
-            )
-    return pd.DataFrame(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("machine", help="asv's machine name (a folder under --results)")
-    parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
-    parser.add_argument("--revs", default=None, help="only the commits `git rev-list REVS` lists (default: all)")
-    parser.add_argument("--steps", action="store_true", help="also the levels asv's step detection finds")
-    args = parser.parse_args(argv)
-    try:
-        only = None if args.revs is None else commits(args.repo, args.revs)
-    except ValueError as error:
-        print(f"asv_table: {error}", file=sys.stderr)
-        return 2
-    frame = table(args.results, args.machine, args.repo, only)
-    among = "" if args.revs is None else f" of {args.revs}"
-    if frame.empty:
-        print(f"asv_table: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
-        return 2
-    text = frame.to_markdown(index=False, floatfmt=".4f")
-    if args.steps:
-        steps = levels(frame).to_markdown(index=False, floatfmt=".4f")
-        text += f"\n\nLevels (asv.step_detect, oldest first):\n\n{steps}"
-    print(text)
-    if args.out:
-        command = " ".join(["python bench/tools/asv_table.py", *(argv if argv is not None else sys.argv[1:])])
-        args.out.write_text(f"# {args.machine}: {len(frame)} commits{among}\n\n`{command}`\n\n{text}\n")
-    return 0
-
+from mrcnn_bench.asv_results_table import main
 
 if __name__ == "__main__":
     sys.exit(main())

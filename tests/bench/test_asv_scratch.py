@@ -1,8 +1,8 @@
-"""bench/tools/asv_scratch.py: the scratch commit range is the same everywhere and changes what it says."""
+"""The scratch commit range (bench/tools/asv_scratch.py, mrcnn_bench.scratch_range) is the same everywhere and
+changes what it says."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -11,19 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from mrcnn_bench import scratch_range as scratch
+
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "tools" / "asv_scratch.py"
-
-
-def _load():
-    spec = importlib.util.spec_from_file_location("asv_scratch", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("asv_scratch", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-scratch = _load()
+SCRIPT = ROOT / "bench" / "tools" / "asv_scratch.py"  # run as a subprocess: the command line itself is tested
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "studies" / "gate_error_rates" / "gate_error_rates.py"
-_spec = importlib.util.spec_from_file_location("gate_error_rates", SCRIPT)
-study = importlib.util.module_from_spec(_spec)  # a script in bench/, not a package
-sys.modules["gate_error_rates"] = study  # its dataclasses look their module up there
-_spec.loader.exec_module(study)
+from mrcnn_bench import live_error_rates as study
 
 
 def test_the_kind_furthest_behind_its_target_runs_next():

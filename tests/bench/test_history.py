@@ -1,16 +1,15 @@
-"""The history across commits: the ruler, one case against it, the parts of a commit, the asv suite's reading."""
+"""The history across commits: the ruler, one case against it, the parts of a commit, the asv suite's reading.
+
+The asv tools' logic (flags, spread, table, screenshots) is tested in test_asv_tools.py."""
 
 from __future__ import annotations
 
 import ast
 import importlib
-import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -222,69 +221,6 @@ def test_asv_suite_shares_one_measurement_per_commit(suite):
     assert {c.setup_cache for c in classes} == {suite._Commit.setup_cache}
 
 
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_flags_name_the_machine_of_each_step(tmp_path):
-    """asv leaves the machine out of a flag's parameters when only one machine has results."""
-    graph = "graphs/arch-x86_64/branch-asv-scratch/cpu-AMD EPYC/machine-amd-epyc-2c-fx37278115/python-3.11/x.json"
-    (tmp_path / "index.json").write_text(json.dumps({"revision_to_hash": {"7": "abc", "9": "def"}}))
-    (tmp_path / "regressions.json").write_text(json.dumps({"regressions": [
-        ["benchmarks.Latency.track_ratio('static/eager')", graph, {"branch": "asv-scratch"}, 0, 1.1, 1.0,
-         [[7, 9, 1.0, 1.1]]],
-        ["benchmarks.Accuracy.track_box_error", graph, {"machine": "other"}, 0, 0.9, 0.2, [[6, 7, 0.2, 0.9]]],
-    ]}))
-    rows = _script("asv_flags").flags(tmp_path)
-    assert [(r["machine"], r["branch"], r["commit"], r["after"]) for r in rows] == [
-        ("amd-epyc-2c-fx37278115", "asv-scratch", "def", 1.1), ("other", "", "abc", 0.9)
-    ]
-
-
-def test_flags_verdict_holds_the_range_and_names_main_s_steps():
-    """Held flags on the range must be its injected commits; one on main's history is named, not counted."""
-    verdict = _script("asv_flags").verdict
-    kinds = {"s1": "slowdown", "r1": "recompile", "a1": "accuracy", "n1": "noop", "n2": "noop"}
-
-    def row(commit, benchmark="benchmarks.Latency.track_ratio('static/eager')"):
-        return {"benchmark": benchmark, "commit": commit}
-
-    injected = [row("s1"), row("r1", "benchmarks.Compiles.track_count('static/xla', 'xla_compiles')"),
-                row("a1", "benchmarks.Accuracy.track_box_error")]
-    ok, lines = verdict([*injected, row("n1", "benchmarks.Latency.track_seconds('static/eager')"),
-                         row("5505aa86fb00")], kinds)
-    assert ok and "3 of the 3 injected commits and 0 other" in lines[0]
-    assert lines[1].startswith("Held metrics on main's commits: 1 commit(s) flagged (5505aa86fb)")
-    ok, lines = verdict([*injected, row("n2")], kinds)
-    assert not ok and "1 other commit(s)" in lines[0] and "does NOT hold" in lines[0]
-    ok, lines = verdict(injected[:2], kinds)
-    assert not ok and "2 of the 3" in lines[0] and lines[1].endswith("0 commit(s) flagged.")
-
-
-def test_spread_summary_of_repeated_runs(tmp_path):
-    module = _script("history_spread")
-    for k, (ratio, seconds) in enumerate(((1.00, 0.20), (1.02, 0.25), (0.99, 0.30)), 1):
-        record = {
-            "ratio_median": ratio,
-            "seconds_median": seconds,
-            "ruler_seconds_median": seconds / ratio,
-            "first_result_s": 1.0,
-            "peak_memory_gb": 1.0,
-            "loadavg_after": 0.5,
-        }
-        run = {"timing": {"static/eager": _part(record)}, "compiles": {}, "accuracy": _part(skipped=True)}
-        (tmp_path / f"run_{k}.json").write_text(json.dumps(run))
-    table = module.summarise(tmp_path)
-    assert table.loc["static/eager ratio", "spread"] == pytest.approx(0.03 / 1.00)
-    assert table.loc["static/eager seconds", "spread"] == pytest.approx(0.10 / 0.25)
-    assert table.loc["static/eager ratio", "cv"] == pytest.approx(np.std([1.00, 1.02, 0.99], ddof=1) / np.mean(
-        [1.00, 1.02, 0.99]))
-    assert (tmp_path / "spread.md").read_text().startswith("# A/A spread over 3 runs")
-
-
 def test_rounds_fill_the_time_budget_within_bounds():
     assert interleaved.rounds_for(0.4, 40.0) == 100
     assert interleaved.rounds_for(10.0, 40.0) == interleaved.MIN_ROUNDS
@@ -350,106 +286,3 @@ def test_by_default_inference_cases_get_several_processes_and_training_one_with_
     assert timed == [("static/eager", 40.0 / n), ("static/train", 40.0)] + [("static/eager", 40.0 / n)] * (n - 1)
     assert record.timing["static/eager"].record["processes"] == n
     assert record.timing["static/train"].record["processes"] == 1
-
-
-def _asv_result(folder: Path, commit: str, date_ms: int, ratio: float, box_error: float) -> None:
-    """A result file as asv writes it (api version 2), with the benchmarks asv_table reads."""
-    columns = ["result", "params", "version", "started_at", "duration"]
-    latency = ["'torchvision/eager'", "'static/eager'"]
-    counts = [["'static/xla'", "'static/inductor'"], ["'xla_compiles'", "'fallback_ops'", "'graphs'", "'graph_breaks'",
-                                                      "'recompiles'"]]
-    results = {
-        "benchmarks.Latency.track_ratio": [[1.0, ratio], [latency], "v", date_ms, 1.0],
-        "benchmarks.Training.track_ratio": [[1.2], [["'static/train'"]], "v", date_ms, 1.0],
-        "benchmarks.Compiles.track_count": [[2, 0, None, None, None, None, None, 2, 0, 1], counts, "v", date_ms, 1.0],
-        "benchmarks.Accuracy.track_box_error": [[box_error], [], "v", date_ms, 1.0],
-    }
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "machine.json").write_text(json.dumps({"machine": folder.name, "version": 1}))
-    (folder / f"{commit[:8]}-env-x.json").write_text(json.dumps({
-        "commit_hash": commit, "env_name": "env-x", "date": date_ms, "params": {"machine": folder.name},
-        "python": "3.11", "requirements": {}, "env_vars": {}, "result_columns": columns, "results": results,
-        "durations": {}, "version": 2,
-    }))
-
-
-def test_asv_table_orders_commits_by_date_and_reads_every_held_metric(tmp_path):
-    module = _script("asv_table")
-    machine = tmp_path / "m1"
-    _asv_result(machine, "b" * 40, 2_000_000_000_000, 1.10, 0.9)
-    _asv_result(machine, "a" * 40, 1_000_000_000_000, 0.98, 0.2)
-    frame = module.table(tmp_path, "m1")
-    assert list(frame["commit"]) == ["aaaaaaaa", "bbbbbbbb"]
-    assert list(frame["static/eager"]) == [0.98, 1.10] and list(frame["static/train"]) == [1.2, 1.2]
-    assert list(frame["compiles (xla; inductor)"]) == ["2, 0; 2, 0, 1"] * 2
-    assert list(frame["1 - box AP"]) == [0.2, 0.9] and frame["1 - mask AP"].isna().all()
-    out = tmp_path / "t.md"
-    assert module.main(["m1", "--results", str(tmp_path), "--out", str(out)]) == 0
-    assert out.read_text().startswith("# m1: 2 commits")
-    assert module.main(["nothing", "--results", str(tmp_path)]) == 2
-
-
-def test_asv_table_levels_show_a_step_in_either_direction(tmp_path):
-    """An improvement is a level too: the regressions page would not list it."""
-    module = _script("asv_table")
-    for k, ratio in enumerate((1.30, 1.31, 1.29, 1.00, 1.01, 0.99)):
-        _asv_result(tmp_path / "m1", f"{k}" * 40, 1_000_000_000_000 + k * 1000, ratio, 0.2)
-    levels = module.levels(module.table(tmp_path, "m1"))
-    eager = levels[levels["ratio"] == "static/eager"]
-    assert list(eager["from"]) == ["00000000", "33333333"] and list(eager["commits"]) == [3, 3]
-    assert list(levels[levels["ratio"] == "static/train"]["commits"]) == [6]
-
-
-def test_asv_table_keeps_the_commits_revs_names(tmp_path):
-    """One machine may hold main's history and the scratch range, which interleave by date."""
-    module = _script("asv_table")
-    repo = tmp_path / "repo"
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "--quiet", str(repo)], check=True)
-    hashes = []
-    for k in range(3):
-        subprocess.run([*git, "commit", "--quiet", "--allow-empty", "-m", f"c{k}"], check=True)
-        done = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        hashes.append(done.stdout.strip())
-    results = tmp_path / "results"
-    for k, commit in enumerate(hashes):
-        _asv_result(results / "m1", commit, 1_000_000_000_000 + k * 1000, 1.0, 0.2)
-    _asv_result(results / "m1", "f" * 40, 1_000_000_000_500, 1.3, 0.2)  # another line of commits, between them
-    assert len(module.table(results, "m1")) == 4
-    assert module.commits(repo, "HEAD~1..HEAD") == {hashes[2]}
-    frame = module.table(results, "m1", only=module.commits(repo, "HEAD"))
-    assert list(frame["commit"]) == [h[:8] for h in hashes]
-    out = tmp_path / "t.md"
-    assert module.main(["m1", "--results", str(results), "--repo", str(repo), "--revs", "HEAD~1..HEAD",
-                        "--out", str(out)]) == 0
-    assert out.read_text().startswith("# m1: 1 commits of HEAD~1..HEAD")
-    with pytest.raises(ValueError, match="no-such-branch"):
-        module.commits(repo, "no-such-branch")
-    assert module.main(["m1", "--results", str(results), "--repo", str(repo), "--revs", "no-such-branch"]) == 2
-    assert module.main(["nothing", "--results", str(results), "--repo", str(repo), "--revs", "HEAD"]) == 2
-
-
-def test_screenshot_graph_hash_leaves_machine_fields_free_unless_chosen():
-    """Pinning each machine field to its first value selects nothing where machines disagree."""
-    module = _script("dashboard_screenshots")
-    index = {
-        "params": {"arch": [None, "x86_64"], "machine": ["a", "b"]},
-        "benchmarks": {"L.track_ratio": {"param_names": ["case"], "params": [["'static/eager'", "'static/xla'"]]}},
-    }
-    assert module.graph_hash(index, "L.track_ratio") == "#L.track_ratio?p-case='static%2Feager'"
-    chosen = {"branch": "main", "p-case": "'static/xla'"}
-    assert module.graph_hash(index, "L.track_ratio", chosen) == "#L.track_ratio?p-case='static%2Fxla'&branch=main"
-    assert module.drew_series('<div class="flot-tick-label tickLabel">1.2</div>')
-    assert not module.drew_series('<div class="flot-base"></div>')
-
-
-def test_screenshot_verdict_reads_whichever_pages_were_taken():
-    """The index proves the scripts ran by listing the first benchmark; a graph, by drawing ticks."""
-    not_rendered = _script("dashboard_screenshots").not_rendered
-    grid, graph = '<a href="#A.track_x">x</a>', '<div class="tickLabel">1.2</div>'
-    assert not_rendered({"index": grid, "graph": graph}, "A.track_x", "B.track_y") is None
-    assert not_rendered({"graph": graph}, "A.track_x", "B.track_y") is None  # --pages graph
-    assert "does not list A.track_x" in not_rendered({"index": "<body></body>"}, "A.track_x", "B")
-    assert "B.track_y drew no series" in not_rendered({"graph": "<div></div>"}, "A.track_x", "B.track_y")
-    failed = not_rendered({"graph": graph + "JavaScript dependencies failed to load"}, "A.track_x", "B")
-    assert failed.startswith("the graph page's DOM shows")

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "studies" / "compare_order_effect" / "order_effect.py"
-_spec = importlib.util.spec_from_file_location("order_effect", SCRIPT)
-study = importlib.util.module_from_spec(_spec)  # a script in bench/, not a package
-sys.modules["order_effect"] = study
-_spec.loader.exec_module(study)
+from mrcnn_bench import order_effect as study
 
 
 def test_summary_reports_each_order_with_its_interval(tmp_path):

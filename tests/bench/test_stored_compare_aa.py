@@ -3,20 +3,12 @@ and no summary from too few trials."""
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench/studies/stored_compare_false_alarms/stored_compare_aa.py"
-_spec = importlib.util.spec_from_file_location("stored_compare_aa", SCRIPT)
-study = importlib.util.module_from_spec(_spec)  # a script in bench/, not a package
-sys.modules["stored_compare_aa"] = study
-_spec.loader.exec_module(study)
+from mrcnn_bench import stored_false_alarms as study
 
 
 def _trials(count: int, level_sd: float, noise: float = 0.05, rounds: int = 25, seed: int = 0) -> list[dict]:
@@ -47,9 +39,8 @@ def test_the_cross_fitted_stored_rule_stays_quiet_on_a_a_and_catches_a_large_slo
 
 
 def test_summary_writes_the_rates_and_refuses_too_few_trials(tmp_path, capsys):
-    args = argparse.Namespace(out=tmp_path)
-    assert study.cmd_summary(args) == 2  # no trials at all
+    assert study.summary(tmp_path) == 2  # no trials at all
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in _trials(8, 0.03)))
-    assert study.cmd_summary(args) == 0
+    assert study.summary(tmp_path) == 0
     text = (tmp_path / "summary.md").read_text()
     assert "8 trials of 25 rounds" in text and "| 1.30 |" in text and "Between-run sd" in text

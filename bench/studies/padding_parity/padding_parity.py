@@ -35,12 +35,9 @@ import statistics
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from matplotlib import cbook
-from torchvision.io import ImageReadMode, read_image
 
 from mrcnn.backbone import padded_extents
-from mrcnn.config import Config, get_config
+from mrcnn.config import Config
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections, same_detections, torchvision_stable_ties
 from mrcnn.reference import torchvision_model
@@ -48,22 +45,9 @@ from mrcnn.transform import resized_size, select_canvas, to_image_batch
 from mrcnn.weights import calibration_images, load_torchvision_weights, synthetic_weights, textured_images
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.onoff import done_keys, paired, run_rounds, seconds_by_round
+from mrcnn_bench.padding_inputs import PHOTOS, build_config, photo
 
-PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
 DELTAS = (1, 15, 31)
-
-
-def build_config(preset: str, min_size: int, max_size: int) -> Config:
-    """``preset`` at the issue's sizes, with canvases built as the presets build theirs."""
-    base = get_config(preset)
-    d = base.size_divisible
-
-    def up(x: int) -> int:
-        return -(-x // d) * d
-
-    short, long_, mid = up(min_size), up(max_size), up(round(min_size * 4 / 3))
-    canvases = ((short, short), (short, mid), (short, long_), (mid, short), (long_, short))
-    return base.replace(min_size=min_size, max_size=max_size, canvases=canvases)
 
 
 def off_canvas_sizes(cfg: Config) -> list[tuple[int, int]]:
@@ -82,15 +66,6 @@ def off_canvas_sizes(cfg: Config) -> list[tuple[int, int]]:
                         if ext != select_canvas([(h, w)], cfg):
                             found.append((h, w))
     return found
-
-
-def photo(name: str, size: tuple[int, int]) -> torch.Tensor:
-    """Sample photograph centre-cropped to the aspect of ``size`` and resized to it: [3, h, w] in [0, 1]."""
-    image = read_image(cbook.get_sample_data(name, asfileobj=False), ImageReadMode.RGB).float() / 255
-    (ph, pw), (h, w) = image.shape[-2:], size
-    ch, cw = (pw * h // w, pw) if ph * w > pw * h else (ph, ph * w // h)
-    crop = image[None, :, (ph - ch) // 2 : (ph - ch) // 2 + ch, (pw - cw) // 2 : (pw - cw) // 2 + cw]
-    return F.interpolate(crop, size=size, mode="bilinear", antialias=True, align_corners=False)[0].clamp(0, 1)
 
 
 def _weights(cfg: Config, path: str | None, seed: int, with_photos: bool = False) -> dict:

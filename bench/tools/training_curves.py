@@ -1,6 +1,6 @@
 """Training curves of runs (their metrics.jsonl) -> one CSV and one PNG (box and mask AP vs step and vs time).
 
-    .venv/bin/python results/training/make_curves.py --run static=out/tiny-static --run torchvision=out/tiny-tv \
+    .venv/bin/python bench/tools/training_curves.py --run static=out/tiny-static --run torchvision=out/tiny-tv \
         --csv results/training/tiny_curves.csv --png results/training/tiny_curves.png
 
 The CSV has one row per evaluation: run label, step, wall time (s), CPU time of rank 0 (s), the

@@ -1,0 +1,94 @@
+"""A/A spread of the tracked figures: the same commit measured N times, as asv measures each commit.
+
+    PYTHONPATH=bench python bench/tools/history_spread.py [--runs 3] [--out results/asv/aa]
+
+Each run is :func:`mrcnn_bench.history.measure_commit` on this checkout (every tracked case in its
+own processes, the compile probes, the fixed-checkpoint AP), written to ``OUT/run_K.json`` as soon as
+it ends; a run whose file exists is not measured again, so the study resumes where it stopped.
+Then ``OUT/spread.csv`` and ``OUT/spread.md`` give, per figure, the values of every run and their
+spread ``(max - min) / median``: the ratios to the ruler next to the raw seconds they cancel.
+Run it on an otherwise idle machine, never beside another measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mrcnn.progress import progress
+from mrcnn_bench.history import COUNTERS, PROCESSES, measure_commit
+
+# Per-case figures of the timing record: (column, record key).
+FIGURES = (
+    ("ratio", "ratio_median"),
+    ("seconds", "seconds_median"),
+    ("ruler_seconds", "ruler_seconds_median"),
+    ("first_result_s", "first_result_s"),
+    ("peak_memory_gb", "peak_memory_gb"),
+    ("load", "loadavg_after"),
+)
+
+
+def rows_of(run: int, record: dict) -> list[dict]:
+    """Long-format rows (run, figure, value) of one run's CommitRecord dict."""
+    rows = []
+    for case, part in record["timing"].items():
+        if part["record"]:
+            rows += [{"run": run, "figure": f"{case} {name}", "value": part["record"][key]} for name, key in FIGURES]
+    for case, part in record["compiles"].items():
+        if part["record"]:
+            rows += [
+                {"run": run, "figure": f"{case} {k}", "value": v}
+                for k, v in part["record"].items()
+                if k in COUNTERS.values()
+            ]
+    if record["accuracy"]["record"]:
+        acc = record["accuracy"]["record"]
+        rows += [
+            {"run": run, "figure": "1 - box AP", "value": 1 - acc["box_ap"]},
+            {"run": run, "figure": "1 - mask AP", "value": 1 - acc["mask_ap"]},
+        ]
+    return rows
+
+
+def summarise(out: Path) -> pd.DataFrame:
+    runs = sorted(out.glob("run_*.json"))
+    rows = [r for k, path in enumerate(runs, 1) for r in rows_of(k, json.loads(path.read_text()))]
+    table = pd.DataFrame(rows).pivot(index="figure", columns="run", values="value")
+    table.columns = [f"run {c}" for c in table.columns]
+    values = table.to_numpy()
+    table["median"] = table.median(axis=1)
+    table["spread"] = (values.max(axis=1) - values.min(axis=1)) / table["median"]
+    # The range grows with the number of runs; the coefficient of variation does not, so A/A studies
+    # of different sizes compare on it.
+    with np.errstate(invalid="ignore", divide="ignore"):  # counts that are 0 in every run: no cv, NaN
+        table["cv"] = values.std(axis=1, ddof=1) / values.mean(axis=1) if values.shape[1] > 1 else np.nan
+    table.to_csv(out / "spread.csv", float_format="%.6g")
+    (out / "spread.md").write_text(
+        f"# A/A spread over {len(runs)} runs of one commit (spread = (max - min) / median; cv = standard "
+        "deviation / mean)\n\n"
+        + table.to_markdown(floatfmt=".4g")
+        + "\n"
+    )
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
+    parser.add_argument("--processes", type=int, default=None,
+                        help=f"processes per timed case, pooled (default: the suite's, by phase {PROCESSES})")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):
+        path = args.out / f"run_{k}.json"
+        if not path.exists():
+            path.write_text(json.dumps(measure_commit(processes=args.processes).to_dict(), indent=1))
+    print(summarise(args.out).to_string())
+    return 0
+
