@@ -102,12 +102,15 @@ latency-study: $(STAMP)
 asv-spread: asv-fixture
 	PYTHONPATH=bench $(PY) bench/tools/history_spread.py --runs 5 --out results/asv/aa_pooled
 
+# The dashboard, built into results/html (git-ignored: generated output is not committed; the
+# screenshots under results/asv/screenshots show that it renders), with its scripts made local.
 asv-publish: asv-scratch
 	$(VENV)/bin/asv publish
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
 
 # The dashboard on http://127.0.0.1:8080, this machine only (no network needed: its scripts are in
-# results/html). asv preview would listen on every interface.
+# results/html). Run make asv-publish first: it builds results/html, which is not committed.
+# asv preview would listen on every interface.
 PORT ?= 8080
 asv-serve:
 	@echo "dashboard: http://127.0.0.1:$(PORT)/ (Ctrl-C stops it)"

@@ -1,6 +1,6 @@
 """The accuracy gate's baseline file: where it is, how it is read and checked, how it is written.
 
-A baseline (``results/accuracy/<recipe>.json`` in the repository) stores, for each gated metric,
+A baseline (``baselines/accuracy/<recipe>.json`` in the repository) stores, for each gated metric,
 the mean over training seeds and a tolerance (``max(k * sample std over seeds, floor)``), plus the
 per-seed values, the recipe's settings, the commands and the environment it was measured in. A
 metric fails when it falls below ``mean - tolerance``. How the committed baseline was measured:
@@ -24,6 +24,7 @@ import torch
 import torchvision
 
 from mrcnn.recipes import get_recipe
+from mrcnn_bench import defaults
 
 GATED_METRICS: tuple[str, ...] = ("bbox/AP", "segm/AP")
 DEFAULT_K_STD = 3.0
@@ -32,7 +33,10 @@ DEFAULT_K_STD = 3.0
 # well. Why this value: results/accuracy/README.md.
 DEFAULT_FLOOR = 0.04
 DEFAULT_SEEDS: tuple[int, ...] = tuple(range(10))  # training seeds a baseline is measured over (why 10: flake.md)
-RESULTS_ENV = "MRCNN_RESULTS_DIR"  # the repository's results folder, when not ./results
+BASELINES_ENV = "MRCNN_BASELINES_DIR"  # the repository's baselines folder, when not ./baselines
+# Its name while the baselines lived under results/: refused when set alone, naming the new one, since
+# the folder it names no longer holds accuracy/<recipe>.json.
+OLD_RESULTS_ENV = "MRCNN_RESULTS_DIR"
 # Recipe fields that do not change what a run trains to: editing them keeps the baseline valid.
 _SETTINGS_NOT_TRAINED = frozenset({"description", "target_box_ap"})
 
@@ -52,12 +56,20 @@ class MetricBaseline:
 
 
 def default_baseline_path(recipe: str) -> Path:
-    """``$MRCNN_RESULTS_DIR/accuracy/<recipe>.json`` if that is set, else ``./results/accuracy/<recipe>.json``.
+    """``$MRCNN_BASELINES_DIR/accuracy/<recipe>.json`` if that is set, else ``./baselines/accuracy/<recipe>.json``.
 
     Relative to the working directory (the repository's root), never to this package's files,
     which an installed harness does not keep next to the repository.
+
+    Raises:
+        BaselineError: ``$MRCNN_RESULTS_DIR`` (the old name) is set and ``$MRCNN_BASELINES_DIR`` is not.
     """
-    return Path(os.environ.get(RESULTS_ENV) or "results") / "accuracy" / f"{recipe}.json"
+    if os.environ.get(OLD_RESULTS_ENV) and not os.environ.get(BASELINES_ENV):
+        raise BaselineError(
+            f"${OLD_RESULTS_ENV} is no longer read: the accuracy baselines moved from results/accuracy/ to "
+            f"{defaults.BASELINES_DIR}/accuracy/; set ${BASELINES_ENV} to the folder holding accuracy/<recipe>.json"
+        )
+    return Path(os.environ.get(BASELINES_ENV) or defaults.BASELINES_DIR) / "accuracy" / f"{recipe}.json"
 
 
 def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, MetricBaseline]:
@@ -70,7 +82,7 @@ def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, Metr
     path = Path(path)
     if not path.is_file():
         raise BaselineError(
-            f"baseline {path} not found (run from the repository root, or set --baseline or ${RESULTS_ENV}); "
+            f"baseline {path} not found (run from the repository root, or set --baseline or ${BASELINES_ENV}); "
             f"write it with `mrcnn-bench accuracy-gate --recipe {recipe or 'NAME'} --write-baseline`"
         )
     try:

@@ -2,10 +2,10 @@
 
     mrcnn-bench run [--preset tiny] [--cases all] [--out results/runs]   the main job
     mrcnn-bench compare A B [--cases static/eager]                       A, B: run files, or git refs / checkouts
-    mrcnn-bench gate [--baseline results/baselines/gate_tiny.json]       exit 1 on a regression
+    mrcnn-bench gate [--baseline baselines/gate_tiny.json]               exit 1 on a regression
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
-    mrcnn-bench report FILE_OR_DIR... [--out results/report]             tables, plots, dashboard
+    mrcnn-bench report FILE_OR_DIR... [--out out/report]                 tables, plots, dashboard
     mrcnn-bench check-benchmarks out/ci/benchmarks.json [--expect CASES] CI: did the quick cases run?
     mrcnn-bench list [--json]                                            cases, presets, backends on this machine
     mrcnn-bench export-db RUN.json... --out FILE                         PyTorch benchmark database (v3) records

@@ -51,9 +51,11 @@ def add_gate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default=None,
                    help="compile-count cases, comma list (default: the baseline's; "
                         f"{', '.join(defaults.GATE_CASES)} with --write-baseline)")
-    p.add_argument("--baseline", default=None, help="compile baseline (default: results/baselines/gate_<preset>.json)")
+    p.add_argument("--baseline", default=None,
+                   help=f"compile baseline (default: {defaults.BASELINES_DIR}/gate_<preset>.json)")
     p.add_argument("--write-baseline", action="store_true",
-                   help="record the measured counts as the baseline (from a tree clean outside results/)")
+                   help="record the measured counts as the baseline "
+                        f"(from a tree clean outside {defaults.BASELINES_DIR}/)")
     p.add_argument("--skip-compile", action="store_true", help="skip the compile-count check")
     p.add_argument("--accuracy", default="ci", metavar="RECIPE",
                    help="accuracy-gate recipe (default: %(default)s); 'none' to skip")

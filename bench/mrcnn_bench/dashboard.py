@@ -102,8 +102,8 @@ counts (as real streams are: a model that compiles for each new shape pays for i
 <b>fixed</b> size (one compilation, then steady state). The runs are listed below with their images.</p>
 <h2>Steady state</h2>
 <p>Median seconds per call after the warm-up (ratio to the same run's torchvision eager; for training rows, to
-torchvision's training step). Across commits over time, see the asv dashboard
-(<a href="../html/index.html">results/html</a>).</p>
+torchvision's training step). Across commits over time, see the asv dashboard (<code>make asv-publish</code>
+builds it in results/html of the repository, <code>make asv-serve</code> serves it).</p>
 {merged.to_html()}
 <h2>One cold pass over each run's images</h2>
 <p>Seconds of the warm-up, which goes once over every distinct image before the timed rounds, compilation for

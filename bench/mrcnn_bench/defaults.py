@@ -11,7 +11,7 @@ from __future__ import annotations
 RUN_ROUNDS = 10  # interleaved timed rounds
 RUN_WARMUP = 1  # untimed calls per row before round 1 (at least one per distinct input: runner.warmup_calls)
 RUN_IMAGES = 3  # distinct generated images, cycled over the rounds
-REPORT_OUT = "results/report"  # not under results/html, which `asv publish` empties
+REPORT_OUT = "out/report"  # generated output: under out/, which git ignores (tests/bench/test_default_outputs.py)
 
 # mrcnn-bench compare (live) and the gate's latency check
 COMPARE_CASES = "static/eager"
@@ -24,7 +24,10 @@ TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 
 # results/stored_compare_aa/summary.md.
 BETWEEN_RUN_SD = 0.0374
 
-# mrcnn-bench gate
+# mrcnn-bench gate and accuracy-gate
+# Inputs the gates read, relative to the repository root (results/ holds measurements, not inputs):
+# the compile counts gate_<preset>.json, and accuracy/<recipe>.json. --write-baseline writes here.
+BASELINES_DIR = "baselines"
 # The compile-count cases of a new baseline: inference under inductor and on XLA, the mask branch's
 # detection buckets, and training with mask-RoI buckets (steps of varying ground truth).
 GATE_CASES = ("static/inductor", "static/xla", "static/inductor+buckets", "static/inductor-train+buckets")

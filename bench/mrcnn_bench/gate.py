@@ -1,25 +1,25 @@
 """``mrcnn-bench gate``: the one merge gate. Exit 1 when a change costs compiles, accuracy or speed.
 
-Checks, each against a baseline in ``results/``:
+Checks, each against a baseline in ``baselines/``:
 
 1. **Compile counts, exactly.** Each gate case (default: static/inductor and static/xla on the
    tiny preset) runs over :data:`~mrcnn_bench.compile_probe.GATE_SIZES`, images of seven sizes in
    two canvas buckets, in a fresh subprocess (``python -m mrcnn_bench.compile_probe``). Dynamo's
    unique graphs, graph breaks and recompiles, XLA's UncachedCompile and fallback ops, and the
-   FLOPs of one eager call must equal the baseline (``results/baselines/gate_<preset>.json``):
+   FLOPs of one eager call must equal the baseline (``baselines/gate_<preset>.json``):
    a rise fails, and so does a fall, so that the baseline ratchets down (re-baseline with
    ``mrcnn-bench gate --write-baseline --accuracy none``). When one rises, the message names the metric, the
    change, and why: the guards that failed and the graph-break reasons that dynamo recorded (with
    their frames), and, for XLA, each compilation's cause and the Python frames that triggered it
    (torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` report), with the input shape of the call it happened in.
 2. **Accuracy.** :func:`mrcnn_bench.accuracy_gate.check_accuracy` with the CI-sized recipe: box and mask AP
-   must stay above the stored baseline minus its tolerance (``results/accuracy/ci.json``).
+   must stay above the stored baseline minus its tolerance (``baselines/accuracy/ci.json``).
 3. **Latency (optional, ``--latency-against REF``).** The working tree against ``REF``
    interleaved (:mod:`mrcnn_bench.ab`), failing on a flagged regression. CI does not run it:
    absolute times on a shared machine are not a gate, and a pair of installs takes minutes.
 
 ``--write-baseline`` records the current compile counts as the new baseline (commit the file with
-the change that justifies it); only from a git tree that is clean outside ``results/``.
+the change that justifies it); only from a git tree that is clean outside ``baselines/``.
 
 The gate never passes on nothing. Every input (baselines, ``--checkpoint``, ``--latency-against``,
 the cases) is checked before anything is measured, and a gate that cannot decide exits 2: a case
@@ -58,9 +58,9 @@ class GateOptions:
 
     preset: str = "tiny"  # of the compile-count cases
     cases: list[Case] | None = None  # default: the baseline's cases (defaults.GATE_CASES when writing the baseline)
-    baseline: str | None = None  # default: results/baselines/gate_<preset>.json
+    baseline: str | None = None  # default: baselines/gate_<preset>.json
     write_baseline: bool = False
-    require_clean_tree: bool = True  # write a baseline in the repo only from a tree clean outside results/
+    require_clean_tree: bool = True  # write a baseline in the repo only from a tree clean outside baselines/
     skip_compile: bool = False
     accuracy: str = "ci"  # accuracy-gate recipe; "none" skips the check
     checkpoint: str | None = None  # evaluate this instead of training the recipe
@@ -90,7 +90,7 @@ class MeasureError(Exception):
 
 
 def baseline_path(preset: str) -> Path:
-    return REPO / "results" / "baselines" / f"gate_{preset}.json"
+    return REPO / defaults.BASELINES_DIR / f"gate_{preset}.json"
 
 
 def compile_baseline_path(opts: GateOptions) -> Path:
@@ -184,17 +184,17 @@ def load_compile_baseline(path: Path, preset: str) -> dict[str, Any]:
 
 
 def dirty_files(repo: Path = REPO) -> list[str] | None:
-    """Files changed since HEAD or untracked, outside ``results/``; None when git cannot tell."""
+    """Files changed since HEAD or untracked, outside ``baselines/``; None when git cannot tell."""
     changed = git("--no-optional-locks", "diff", "--name-only", "HEAD", cwd=repo)
     untracked = git("--no-optional-locks", "ls-files", "--others", "--exclude-standard", cwd=repo)
     if changed is None or untracked is None:
         return None
     files = sorted(set(changed.splitlines()) | set(untracked.splitlines()))
-    return [f for f in files if f and not f.startswith("results/")]
+    return [f for f in files if f and not f.startswith(f"{defaults.BASELINES_DIR}/")]
 
 
 def check_clean_tree(opts: GateOptions) -> None:
-    """ValueError unless the tree is clean outside results/: a baseline must be the counts of a commit.
+    """ValueError unless the tree is clean outside baselines/: a baseline must be the counts of a commit.
 
     Only for a baseline inside the repository (one that can be committed); a scratch one elsewhere
     (a test's temporary folder) is written from any tree.
@@ -206,7 +206,9 @@ def check_clean_tree(opts: GateOptions) -> None:
         raise ValueError(f"--write-baseline needs a git checkout, and {REPO} is not one (or git is missing)")
     if dirty:
         shown = ", ".join(dirty[:10]) + (f" and {len(dirty) - 10} more" if len(dirty) > 10 else "")
-        raise ValueError(f"--write-baseline needs a tree clean outside results/; commit or revert: {shown}")
+        raise ValueError(
+            f"--write-baseline needs a tree clean outside {defaults.BASELINES_DIR}/; commit or revert: {shown}"
+        )
 
 
 def is_code(spec: str) -> bool:

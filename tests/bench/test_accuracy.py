@@ -93,27 +93,41 @@ def test_baseline_of_other_recipe_settings_is_refused(tmp_path):
 
 
 def test_committed_baseline_matches_the_recipe():
-    """results/accuracy/ci.json stores the ci recipe's settings as Recipe.as_dict gives them now."""
-    base = load_baseline(REPO / "results" / "accuracy" / "ci.json", "ci")
+    """baselines/accuracy/ci.json stores the ci recipe's settings as Recipe.as_dict gives them now."""
+    base = load_baseline(REPO / "baselines" / "accuracy" / "ci.json", "ci")
     assert set(base) == {"bbox/AP", "segm/AP"} and all(0 < b.threshold < b.mean for b in base.values())
-    stored = json.loads((REPO / "results" / "accuracy" / "ci.json").read_text())["recipe_settings"]
+    stored = json.loads((REPO / "baselines" / "accuracy" / "ci.json").read_text())["recipe_settings"]
     assert json.loads(json.dumps(get_recipe("ci").as_dict())) == stored
 
 
 def test_default_baseline_is_found_from_the_working_directory(tmp_path, monkeypatch, capsys):
-    """--baseline, else $MRCNN_RESULTS_DIR/accuracy/<recipe>.json, else ./results/accuracy/<recipe>.json."""
+    """--baseline, else $MRCNN_BASELINES_DIR/accuracy/<recipe>.json, else ./baselines/accuracy/<recipe>.json."""
+    monkeypatch.delenv("MRCNN_BASELINES_DIR", raising=False)
     monkeypatch.delenv("MRCNN_RESULTS_DIR", raising=False)
     monkeypatch.chdir(tmp_path)
-    assert default_baseline_path("ci") == Path("results") / "accuracy" / "ci.json"
+    assert default_baseline_path("ci") == Path("baselines") / "accuracy" / "ci.json"
     assert main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and str(Path("results") / "accuracy" / "ci.json") in err[0] and "not found" in err[0]
+    assert len(err) == 1 and str(Path("baselines") / "accuracy" / "ci.json") in err[0] and "not found" in err[0]
 
-    monkeypatch.setenv("MRCNN_RESULTS_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("MRCNN_BASELINES_DIR", str(tmp_path / "elsewhere"))
     assert default_baseline_path("tiny") == tmp_path / "elsewhere" / "accuracy" / "tiny.json"
     (tmp_path / "elsewhere" / "accuracy").mkdir(parents=True)
     write_baseline(tmp_path / "elsewhere" / "accuracy" / "ci.json")
     assert load_baseline(default_baseline_path("ci"), "ci")["bbox/AP"] == MetricBaseline(0.30, 0.03)
+
+
+def test_the_old_results_variable_alone_is_refused_naming_the_new_one(monkeypatch, capsys):
+    """$MRCNN_RESULTS_DIR named the folder the baselines left: exit 2 naming $MRCNN_BASELINES_DIR, not 'not found'."""
+    monkeypatch.delenv("MRCNN_BASELINES_DIR", raising=False)
+    monkeypatch.setenv("MRCNN_RESULTS_DIR", "results")
+    with pytest.raises(BaselineError, match=r"MRCNN_RESULTS_DIR is no longer read.*MRCNN_BASELINES_DIR"):
+        default_baseline_path("ci")
+    assert main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MRCNN_BASELINES_DIR" in err[0]
+    monkeypatch.setenv("MRCNN_BASELINES_DIR", "baselines")  # the new name wins when both are set
+    assert default_baseline_path("ci") == Path("baselines") / "accuracy" / "ci.json"
 
 
 def test_pass_and_fail_messages_name_metric_value_baseline_tolerance_and_shortfall(tmp_path):

@@ -126,10 +126,11 @@ def test_write_baseline_refuses_a_dirty_tree_before_measuring(tmp_path, monkeypa
     assert json.loads(baseline.read_text())["cases"]["static/inductor"]["recompiles"] == 1
 
 
-def test_dirty_files_ignore_results(monkeypatch):
-    outputs = {"diff": "results/baselines/gate_tiny.json\nmrcnn/model.py", "ls-files": "notes.txt\nresults/x.json"}
+def test_dirty_files_ignore_baselines(monkeypatch):
+    outputs = {"diff": "baselines/gate_tiny.json\nmrcnn/model.py", "ls-files": "notes.txt\nbaselines/accuracy/x.json"}
     monkeypatch.setattr(gate, "git", lambda *args, cwd=None: outputs[args[1]])
     assert gate.dirty_files() == ["mrcnn/model.py", "notes.txt"]
+    assert gate.baseline_path("tiny") == REPO / "baselines" / "gate_tiny.json"
     monkeypatch.setattr(gate, "git", lambda *args, cwd=None: None)
     assert gate.dirty_files() is None
 

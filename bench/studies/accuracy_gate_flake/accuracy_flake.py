@@ -2,14 +2,15 @@
 
     python bench/studies/accuracy_gate_flake/accuracy_flake.py train [--seeds 0-9] [--parallel 2] [--out out/acc10]
     python bench/studies/accuracy_gate_flake/accuracy_flake.py summary [--seeds 0-9] [--out out/acc10]
-        [--results results/accuracy]
+        [--results results/accuracy] [--baseline baselines/accuracy/ci.json]
 
 ``train`` runs ``mrcnn train --recipe ci --seed S --threads 1`` for each seed whose run folder has
 no evaluation at the recipe's last step yet, ``--parallel`` at a time (one thread each, as the committed baseline's
 seeds were trained); rerun it after an interruption and it starts only what is missing (a seed cut
 short starts over: its folder is emptied).
 
-``summary`` reads each seed's final COCO box and mask AP and writes ``RESULTS/flake.md`` and
+``summary`` reads each seed's final COCO box and mask AP and the gate's baseline (the tolerance rule's
+current values, from ``--baseline``) and writes ``RESULTS/flake.md`` and
 ``RESULTS/flake.json``: per metric the mean and sample std over the seeds, and for a tolerance
 ``tol`` the two error rates of the gate "fail when a CI run's AP < mean - tol":
 
@@ -39,7 +40,14 @@ from pathlib import Path
 from scipy import stats
 
 from mrcnn.recipes import get_recipe
-from mrcnn_bench.accuracy_baseline import DEFAULT_FLOOR, DEFAULT_K_STD, GATED_METRICS, final_metrics, load_baseline
+from mrcnn_bench.accuracy_baseline import (
+    DEFAULT_FLOOR,
+    DEFAULT_K_STD,
+    GATED_METRICS,
+    default_baseline_path,
+    final_metrics,
+    load_baseline,
+)
 
 RECIPE = "ci"
 FALSE_FAIL_TARGET = 0.01
@@ -110,7 +118,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if len(have) < 3:
         print(f"only {len(have)} finished seeds in {args.out}: need 3 or more", file=sys.stderr)
         return 2
-    baseline = load_baseline(args.results / f"{RECIPE}.json", RECIPE)
+    baseline = load_baseline(args.baseline or default_baseline_path(RECIPE), RECIPE)
     report: dict[str, dict] = {"seeds": sorted(have), "per_metric": {}}
     lines = [f"# The accuracy gate's error rates ({RECIPE} recipe, {len(have)} seeds: {sorted(have)})", "",
              "Model: a CI run of an unchanged model is one more draw from the seeds' distribution; the gate",
@@ -151,7 +159,10 @@ def main() -> int:
     parser.add_argument("--seeds", type=parse_seeds, default=parse_seeds("0-9"))
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("out/acc10"))
-    parser.add_argument("--results", type=Path, default=Path("results/accuracy"))
+    parser.add_argument("--results", type=Path, default=Path("results/accuracy"),
+                        help="where flake.md and flake.json go (default: %(default)s, the evidence)")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="the accuracy baseline read (default: baselines/accuracy/ci.json, as the gate)")
     args = parser.parse_args()
     return cmd_train(args) if args.what == "train" else cmd_summary(args)
 
