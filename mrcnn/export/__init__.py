@@ -20,7 +20,7 @@ which AOTInductor compiles into the package (``embedding_bag``, ``topk``, ``sort
 own kernels). The exported graph therefore holds no ``mrcnn::`` or ``torchvision::`` op, nor any op
 without a C++ kernel, which :func:`check_exportable` asserts; :func:`check_aoti_package` asserts
 the same of the ops a built package calls by name. All four ops are checked with
-``torch.library.opcheck`` in ``tests/mrcnn/test_ops.py``.
+``torch.library.opcheck`` in ``tests/mrcnn/test_ops_*.py``.
 
 Shapes are static: the canvas and batch size are baked into the graph, ``range_constraints`` is
 empty and no guard reads a tensor value (no graph breaks: export would raise on one). A package

@@ -1,5 +1,5 @@
 """The latency gate's decision rule (mrcnn_bench.stats) and the slowdown it is measured with
-(mrcnn_bench.slowdown; its extra FLOPs and unchanged outputs are tested in test_bench.py)."""
+(mrcnn_bench.slowdown; its extra FLOPs and unchanged outputs are tested in test_slowdown_hook.py)."""
 
 from __future__ import annotations
 

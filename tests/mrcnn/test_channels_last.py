@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 from mrcnn.model import MaskRCNN, contiguous_nchw
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
-from tests.mrcnn.test_training import random_targets, small_cfg  # the training-forward helpers (tests/ is on the path)
+from tests.helpers.training import random_targets, small_cfg
 
 # Two sizes on the tiny preset's (320, 448) canvas, one of them off its extent (masked padding).
 SIZES = ((240, 320), (230, 300))

@@ -1,8 +1,8 @@
 """The CUDA paths: the static model on a GPU against torchvision on the same GPU, and against the CPU.
 
-CI has no GPU, so every test here skips with its reason there. On a GPU box run
-``pytest tests/mrcnn/test_cuda.py`` (the README's "GPU and TPU: first run"). No GPU has been reachable
-from this project's machines yet, so these tests have not run anywhere.
+Detections of both op paths on photographs at off-canvas sizes, fullgraph inductor with one graph
+per canvas bucket, NMS and RoIAlign (values and gradients) against the CPU, and the training losses
+and head gradients against torchvision's on the GPU. Without a CUDA device every test skips, saying so.
 
 TF32 is turned off for the module: on Ampere and later it rounds convolution and matmul inputs to a
 10-bit mantissa, and the comparisons would then measure TF32 rather than the model.
@@ -21,15 +21,18 @@ from mrcnn.reference import torchvision_model
 from mrcnn.structures import ImageBatch, Targets
 from mrcnn.transform import select_canvas, to_image_batch
 from mrcnn.weights import load_torchvision_weights
-from tests.mrcnn.test_padding_parity import PHOTOS, SIZES, _check, photo  # the photograph-parity helpers
-from tests.mrcnn.test_training import assert_parity, pad_targets, parity_setup  # noqa: F401  (parity_setup: a fixture)
+from tests.helpers.photos import OFF_CANVAS_SIZES, PHOTOS, assert_detections_match, photo
+from tests.helpers.training import assert_parity, pad_targets
 
 pytestmark = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="no CUDA device: these tests check the CUDA paths"
+    not torch.cuda.is_available(),
+    reason="no CUDA device visible: these tests compare the CUDA paths with torchvision and the CPU "
+    "(run them on a GPU machine, docs/gpu_tpu.md)",
 )
+pytest.importorskip("matplotlib.cbook", reason="the sample photographs ship with matplotlib")
 
 # Off-canvas sizes (their torchvision padding is smaller than their canvas), landscape and portrait.
-GPU_SIZES = SIZES[:3] + SIZES[5:8]
+GPU_SIZES = OFF_CANVAS_SIZES[:3] + OFF_CANVAS_SIZES[5:8]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -71,13 +74,13 @@ def test_auto_uses_torchvision_kernels_on_the_gpu():
 def test_detections_match_torchvision_on_the_gpu(tiny_cfg, tiny_weights, images, reference, ops_impl):
     """Each image on its canvas bucket gives torchvision's GPU detections (>= 98% both ways)."""
     out = [_cpu(d) for d in _static(tiny_cfg, tiny_weights, "cuda", ops_impl=ops_impl).predict(images)]
-    _check(reference, out, f"cuda, {ops_impl} ops vs torchvision on cuda")
+    assert_detections_match(reference, out, f"cuda, {ops_impl} ops vs torchvision on cuda")
 
 
 def test_gpu_detections_match_the_cpu(tiny_cfg, tiny_weights, images):
     cpu = _static(tiny_cfg, tiny_weights, "cpu").predict(images)
     gpu = [_cpu(d) for d in _static(tiny_cfg, tiny_weights, "cuda").predict(images)]
-    _check(cpu, gpu, "cuda vs cpu")
+    assert_detections_match(cpu, gpu, "cuda vs cpu")
 
 
 def test_fullgraph_inductor_on_the_gpu_compiles_once_per_canvas(tiny_cfg, tiny_weights, images):
@@ -130,8 +133,8 @@ def test_ops_on_the_gpu_match_the_cpu(impl):
 
 
 @pytest.mark.parametrize("impl", ["torchvision", "tensor"])
-def test_training_losses_on_the_gpu_match_torchvision_on_the_gpu(parity_setup, tiny_weights, impl):  # noqa: F811
-    """The loss-parity batch of tests/mrcnn/test_training.py, both models on CUDA: losses and head
+def test_training_losses_on_the_gpu_match_torchvision_on_the_gpu(parity_setup, tiny_weights, impl):
+    """The loss-parity batch of tests/mrcnn/test_training_parity.py, both models on CUDA: losses and head
     gradients within 1e-4 (CUDA's RoIAlign backward adds with atomics, so not bit for bit)."""
     cfg, images, per_image = parity_setup
     tv = torchvision_model(cfg)

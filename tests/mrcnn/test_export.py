@@ -2,7 +2,7 @@
 
 The custom ops' own checks (``torch.library.opcheck`` of ``mrcnn::nms_fixed``,
 ``mrcnn::multilevel_roi_align`` and their ``*_tv`` torchvision-kernel forms, fake kernels and
-autograd) live in tests/mrcnn/test_ops.py. Here: the packages hold none of those ops (all have Python
+autograd) live in tests/mrcnn/test_ops_*.py. Here: the packages hold none of those ops (all have Python
 kernels only), neither as a graph node nor as an op an AOTInductor package calls by name.
 ``mrcnn export`` (:mod:`mrcnn.export.cli`) builds and checks packages; the harness's
 ``mrcnn-bench export-time`` (:mod:`mrcnn_bench.export_timing`) checks and times them.
@@ -127,7 +127,7 @@ def test_check_exportable_rejects_dynamic_and_custom_ops(model):
 
     # The torchvision-kernel ops export too (their fake kernels give the static shapes), but their
     # Python kernels could not run from C++: check_exportable names them. (The composite ops left
-    # undecomposed are rejected the same way: tests/mrcnn/test_ops.py.)
+    # undecomposed are rejected the same way: tests/mrcnn/test_ops_composite.py.)
     tv = MaskRCNN(model.cfg.replace(ops_impl="torchvision")).eval()
     tv.load_state_dict(model.state_dict())
     with torch.no_grad():

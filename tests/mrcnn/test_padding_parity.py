@@ -2,17 +2,14 @@
 resized size rounded up to 32, the "extent"), the static model still gives torchvision's features
 and detections, because it zeroes features outside the extent before every kernel wider than 1.
 
-Every size below is a resized size whose extent is smaller than its canvas bucket in the tiny
-preset (canvases 320x320, 320x448, 320x512 and their transposes): 1, 15 and 31 px below a multiple
-of 32 (31 below is just above the next smaller multiple), landscape and portrait.
+The photographs are at ``OFF_CANVAS_SIZES`` (``tests/helpers/photos.py``): resized sizes whose
+extent is smaller than their canvas bucket in the tiny preset, landscape and portrait.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torchvision.io import ImageReadMode, read_image
 
 from mrcnn.backbone import masked_features, padded_extents
 from mrcnn.model import MaskRCNN
@@ -21,39 +18,22 @@ from mrcnn.postprocess import postprocess
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import select_canvas, to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from tests.mrcnn.test_training import (  # the loss-parity helpers (tests/ is on the path, as for conftest)
-    PARITY_SIZES,
+from tests.helpers.photos import OFF_CANVAS_SIZES, PHOTOS, assert_detections_match, photo
+from tests.helpers.training import (
     assert_parity,
     pad_targets,
-    shape_objects,
+    parity_batch,
+    parity_config,
     static_losses,
     torchvision_losses,
 )
 
-matplotlib_cbook = pytest.importorskip("matplotlib.cbook", reason="the sample photographs ship with matplotlib")
-
-LANDSCAPE = ((320, 415), (320, 385), (320, 465), (287, 512), (257, 512))  # extents 416, 384, 480, 288 (h)
-SIZES = LANDSCAPE + tuple((w, h) for h, w in LANDSCAPE)
-PHOTOS = ("grace_hopper.jpg", "Minduka_Present_Blue_Pack.png")
-
-
-def photo(name: str, size: tuple[int, int]) -> torch.Tensor:
-    """A sample photograph, centre-cropped to the aspect of ``size`` and resized to it: [3, h, w] in [0, 1].
-
-    At that size torchvision's transform keeps the image as it is (scale 1), so ``size`` is the
-    resized size.
-    """
-    image = read_image(matplotlib_cbook.get_sample_data(name, asfileobj=False), ImageReadMode.RGB).float() / 255
-    (ph, pw), (h, w) = image.shape[-2:], size
-    ch, cw = (pw * h // w, pw) if ph * w > pw * h else (ph, ph * w // h)
-    top, left = (ph - ch) // 2, (pw - cw) // 2
-    crop = image[None, :, top : top + ch, left : left + cw]
-    return F.interpolate(crop, size=size, mode="bilinear", antialias=True, align_corners=False)[0].clamp(0, 1)
+pytest.importorskip("matplotlib.cbook", reason="the sample photographs ship with matplotlib")
 
 
 @pytest.fixture(scope="module")
 def images():
-    return [photo(PHOTOS[1 if i % 3 == 2 else 0], size) for i, size in enumerate(SIZES)]
+    return [photo(PHOTOS[1 if i % 3 == 2 else 0], size) for i, size in enumerate(OFF_CANVAS_SIZES)]
 
 
 @pytest.fixture(scope="module")
@@ -90,20 +70,8 @@ def _static(cfg, weights, **overrides):
     return load_torchvision_weights(MaskRCNN(cfg.replace(**overrides)).eval(), weights)
 
 
-def _check(ref: list[dict], out: list[dict], what: str) -> None:
-    """>= 98% matched both ways, counts within 2%, mean mask IoU >= 0.95, over all images."""
-    parities = [match_detections(r, o) for r, o in zip(ref, out)]
-    n_ref, n_out = sum(p.num_ref for p in parities), sum(p.num_other for p in parities)
-    matched = sum(p.matched for p in parities)
-    ious = torch.cat([p.mask_ious for p in parities])
-    assert n_ref >= 40 * len(ref), f"{what}: weights too weak ({n_ref} detections)"
-    assert abs(n_out - n_ref) <= 0.02 * n_ref, (what, n_ref, n_out)
-    assert matched >= 0.98 * n_ref and matched >= 0.98 * n_out, (what, matched, n_ref, n_out)
-    assert float(ious.mean()) >= 0.95, (what, float(ious.mean()))
-
-
 def test_sizes_are_off_canvas(tiny_cfg):
-    for size in SIZES:
+    for size in OFF_CANVAS_SIZES:
         extent = tuple(padded_extents(torch.tensor(size), tiny_cfg.size_divisible).tolist())
         assert extent != select_canvas([size], tiny_cfg), size
 
@@ -147,16 +115,18 @@ def test_detections_match_torchvision(tiny_cfg, weights, images, reference, seed
     op path; for the torchvision ops also what a canvas equal to its extent gives."""
     subset = _subset(images, seed)
     out = _static(tiny_cfg, weights[seed], ops_impl=ops_impl).predict(subset)
-    _check(reference[seed], out, f"seed {seed}, {ops_impl} ops: canvas vs torchvision")
+    assert_detections_match(reference[seed], out, f"seed {seed}, {ops_impl} ops: canvas vs torchvision")
     if ops_impl == "torchvision":
-        _check(_on_extent(tiny_cfg, weights[seed], subset, ops_impl=ops_impl), out, f"seed {seed}: vs extent canvas")
+        on_extent = _on_extent(tiny_cfg, weights[seed], subset, ops_impl=ops_impl)
+        assert_detections_match(on_extent, out, f"seed {seed}: vs extent canvas")
 
 
 def test_tensor_ops_padding_changes_nothing(tiny_cfg, tiny_weights, images):
     """The pure-tensor ops on a larger canvas give what they give on a canvas equal to the extent."""
     model = _static(tiny_cfg, tiny_weights, ops_impl="tensor")
     subset = _subset(images, 2)  # every other image keeps the test short
-    _check(_on_extent(tiny_cfg, tiny_weights, subset, ops_impl="tensor"), model.predict(subset), "tensor ops")
+    on_extent = _on_extent(tiny_cfg, tiny_weights, subset, ops_impl="tensor")
+    assert_detections_match(on_extent, model.predict(subset), "tensor ops")
 
 
 def test_tensor_ops_match_torchvision_with_ties_by_index(tiny_cfg, images):
@@ -179,19 +149,19 @@ def test_tensor_ops_match_torchvision_with_ties_by_index(tiny_cfg, images):
             by_index = [tv([img])[0] for img in subset]
     assert not all(same_detections(a, b) for a, b in zip(shipped, by_index)), "no ties: the test shows nothing"
     out = _static(tiny_cfg, saturating, ops_impl="tensor").predict(subset)
-    _check(by_index, out, "tensor ops vs torchvision with ties by index")
+    assert_detections_match(by_index, out, "tensor ops vs torchvision with ties by index")
 
 
 def test_batch_of_two_sizes_matches_each_alone(tiny_cfg, tiny_weights, images, reference):
     """Two images with different extents share the 320x512 canvas: each gets its own detections."""
-    pair = [images[SIZES.index((320, 385))], images[SIZES.index((257, 512))]]
+    pair = [images[OFF_CANVAS_SIZES.index((320, 385))], images[OFF_CANVAS_SIZES.index((257, 512))]]
     batch = to_image_batch(pair, tiny_cfg)
     assert tuple(batch.tensors.shape[-2:]) == (320, 512)
     model = _static(tiny_cfg, tiny_weights, ops_impl="torchvision")
     with torch.no_grad():
         out = postprocess(model(batch), batch)
-    expected = [reference[0][SIZES.index((320, 385))], reference[0][SIZES.index((257, 512))]]
-    _check(expected, out, "batch of two")
+    expected = [reference[0][OFF_CANVAS_SIZES.index((320, 385))], reference[0][OFF_CANVAS_SIZES.index((257, 512))]]
+    assert_detections_match(expected, out, "batch of two")
 
 
 def test_without_masking_padding_leaks(tiny_cfg, tiny_weights, images, reference):
@@ -206,18 +176,8 @@ def test_without_masking_padding_leaks(tiny_cfg, tiny_weights, images, reference
 def test_training_losses_on_a_larger_canvas(tiny_cfg, tiny_weights):
     """Losses and head gradients equal torchvision's batched training (padded to the batch's largest
     extent, 160x224) on a 224x288 canvas; 160 / 32 is odd, so the stride-64 anchors differ too."""
-    cfg = tiny_cfg.replace(
-        min_size=160, max_size=256, canvases=((224, 288),),
-        rpn_batch_size_per_image=1 << 17, box_batch_size_per_image=2048, box_positive_fraction=1 / 16,
-    )  # fmt: skip  # the deterministic sampling of tests/mrcnn/test_training.py's parity setup
-    images = textured_images(PARITY_SIZES, seed=3)
-    g = torch.Generator().manual_seed(0)
-    per_image = []
-    for i, ((h, w), count) in enumerate(zip(PARITY_SIZES, (5, 3))):
-        masks, boxes = shape_objects(h, w, count, seed=10 + i)
-        per_image.append(
-            {"boxes": boxes, "labels": torch.randint(1, cfg.num_classes, (count,), generator=g), "masks": masks}
-        )
+    cfg = parity_config(tiny_cfg, canvas=(224, 288))  # the training parity tests' deterministic sampling
+    images, per_image = parity_batch(cfg)
     ref_losses, ref_grads = torchvision_losses(cfg, tiny_weights, images, per_image)
     losses, grads = static_losses(cfg, tiny_weights, images, pad_targets(per_image, 8, (224, 288)))
     # Convolutions over a larger canvas sum in another order (features equal to ~1e-6 relative),
@@ -227,13 +187,13 @@ def test_training_losses_on_a_larger_canvas(tiny_cfg, tiny_weights):
 
 @pytest.mark.slow
 def test_compiled_fullgraph_matches_torchvision(tiny_cfg, tiny_weights, images, reference):
-    i = SIZES.index((287, 512))
+    i = OFF_CANVAS_SIZES.index((287, 512))
     model = _static(tiny_cfg, tiny_weights, ops_impl="torchvision")
     compiled = torch.compile(model, fullgraph=True)
     batch = to_image_batch([images[i]], tiny_cfg)
     with torch.no_grad():
         out = postprocess(compiled(batch), batch)
-    _check([reference[0][i]], out, "torch.compile")
+    assert_detections_match([reference[0][i]], out, "torch.compile")
 
 
 @pytest.mark.slow
@@ -247,9 +207,9 @@ def test_xla_padding_changes_nothing(tiny_cfg, tiny_weights, images):
     pytest.importorskip("torch_xla", reason="torch_xla is not installed")
     import torch_xla  # optional backend: imported only where the test runs
 
-    image = images[SIZES.index((465, 320))]
+    image = images[OFF_CANVAS_SIZES.index((465, 320))]
     device = torch_xla.device()
     model = _static(tiny_cfg, tiny_weights, ops_impl="tensor").to(device)
     extent = tuple(padded_extents(torch.tensor(image.shape[-2:]), tiny_cfg.size_divisible).tolist())
     exact = _static(tiny_cfg, tiny_weights, ops_impl="tensor", canvases=(extent,)).to(device)
-    _check(exact.predict([image]), model.predict([image]), "XLA: canvas vs extent canvas")
+    assert_detections_match(exact.predict([image]), model.predict([image]), "XLA: canvas vs extent canvas")

@@ -4,7 +4,7 @@ The mask branch trains on the smallest bucket of the Q positive-quota slots that
 sampled positives. Positives fill the first slots, so the losses and gradients must equal the
 single graph's (all Q slots), the bucket must follow the documented rule, and the compiled stages
 must build one graph per canvas plus one per (canvas, bucket), whatever the ground truth holds.
-Parity with torchvision's own training forward, buckets on, is in tests/mrcnn/test_training.py.
+Parity with torchvision's own training forward, buckets on, is in tests/mrcnn/test_training_parity.py.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedTrainer, mask_bucket
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import textured_images
-from tests.mrcnn.test_training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg  # tests/ is on the path
+from tests.helpers.training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg
 
 BUCKETS = (2, 4)  # small_cfg's positive quota, 32 * 0.25 = 8, is appended
 # Ground-truth counts per image over the steps: no positives at all, few, many.

@@ -23,7 +23,18 @@ def test_torchvision_maskrcnn_resnet50_fpn_loads_strictly(tmp_path):
         assert torch.equal(model.state_dict()[key], tv.state_dict()[key]), key
     # From a file, and from a reference-script checkpoint that nests the weights under "model".
     torch.save({"model": tv.state_dict(), "epoch": 25}, tmp_path / "ckpt.pth")
-    load_torchvision_weights(MaskRCNN("coco_r50_fpn"), tmp_path / "ckpt.pth")
+    fresh = MaskRCNN("coco_r50_fpn")
+    want, before = tv.state_dict(), fresh.state_dict()
+    # Both models are randomly initialised, so the weights differ before the load: equality after
+    # it shows the file's values arrived, not two equal initialisations.
+    differed = [k for k in tv_keys if not torch.equal(before[k], want[k])]
+    assert any(k.endswith(".weight") for k in differed), "the fresh model already holds the checkpoint's weights"
+    loaded = load_torchvision_weights(fresh, tmp_path / "ckpt.pth")
+    assert loaded is fresh
+    got = loaded.state_dict()
+    assert set(got) == tv_keys
+    for key in tv_keys:
+        assert got[key].shape == want[key].shape and torch.equal(got[key], want[key]), key
 
 
 def test_reference_builder_matches_coco_preset():
