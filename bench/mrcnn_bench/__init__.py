@@ -22,6 +22,9 @@ Modules, each importing only those above it (no cycles):
     npm_registry, offline_html    asv's published pages made to load with no network (npm-vendored scripts)
     asv_machine, aa_spread        asv's machine name; the A/A spread of one commit measured N times
     scratch_range                 the deterministic scratch commit range with its injected regressions
+    changepoints, history_series, steps
+                                  change points (Apache Otava, in its own environment: otava_bridge) of
+                                  per-commit series from asv's results or a CSV; ``mrcnn-bench steps``
     asv_results_table, asv_regressions, screenshots
                                   the tools over asv's output: tables, flags, dashboard screenshots
 

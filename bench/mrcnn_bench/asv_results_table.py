@@ -33,7 +33,7 @@ COUNTS = "benchmarks.Compiles.track_count"
 ERRORS = {"1 - box AP": "benchmarks.Accuracy.track_box_error", "1 - mask AP": "benchmarks.Accuracy.track_mask_error"}
 
 
-def _values(result, key: str) -> dict[tuple[str, ...], float]:
+def values(result, key: str) -> dict[tuple[str, ...], float]:
     """One benchmark's values by parameter combination (asv stores them flat, in product order)."""
     if key not in result.get_all_result_keys():
         return {}
@@ -76,17 +76,17 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
         if repo is not None:
             row["subject"] = _subject(repo, result.commit_hash)
         for key in RATIOS:
-            cases = {case[0]: value for case, value in _values(result, key).items()}
+            cases = {case[0]: value for case, value in values(result, key).items()}
             row.update(cases)
             ratios.update(dict.fromkeys(cases))
-        counts = _values(result, COUNTS)
+        counts = values(result, COUNTS)
         row["compiles (xla; inductor)"] = (
             _count(counts, "static/xla", ("xla_compiles", "fallback_ops"))
             + "; "
             + _count(counts, "static/inductor", ("graphs", "graph_breaks", "recompiles"))
         )
         for name, key in ERRORS.items():
-            row[name] = next(iter(_values(result, key).values()), float("nan"))
+            row[name] = next(iter(values(result, key).values()), float("nan"))
         rows.append(row)
     if not rows:
         return pd.DataFrame()

@@ -5,6 +5,7 @@
     mrcnn-bench gate [--baseline baselines/gate_tiny.json]               exit 1 on a regression
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
+    mrcnn-bench steps [--machine NAME | --series FILE.csv] [--json]      change points of the history
     mrcnn-bench report FILE_OR_DIR... [--out out/report]                 tables, plots, dashboard
     mrcnn-bench check-benchmarks out/ci/benchmarks.json [--expect CASES] CI: did the quick cases run?
     mrcnn-bench list [--json]                                            cases, presets, backends on this machine
@@ -73,6 +74,7 @@ DEBUG_ENV = debug_variable(PROG)  # =1: also print an internal error's traceback
 LAZY_COMMANDS = {
     "accuracy-gate": ("mrcnn_bench.accuracy_gate", "train or evaluate a recipe and gate its box and mask AP"),
     "export-time": ("mrcnn_bench.export_timing", "time torch.export and AOTInductor builds of the model"),
+    "steps": ("mrcnn_bench.steps", "change points of the history across commits (asv results or a CSV of series)"),
 }
 
 

@@ -1,0 +1,144 @@
+"""Per-commit series for the change-point check, from asv's results or from a CSV file.
+
+A series is ``(commits, values)``, oldest first, one value per commit; a mapping of them is keyed by
+metric name in the order the metrics first appear. Both readers take outside input and check it at
+the edge: what they cannot use is one ValueError naming the file and the place (exit 2).
+
+- :func:`read_csv`: a header naming the columns ``commit`` and ``value`` (and optionally
+  ``metric``; without it every row is metric ``"value"``), in any order, other columns ignored;
+  each metric's rows in file order are its series; ``commit`` is kept verbatim and may not repeat
+  within a metric; ``value`` is a finite number.
+- :func:`read_asv`: the held figures (ratios to the ruler, compile counts, ``1 - AP``) of one
+  asv machine's results over the commits of one line of history (``git rev-list --reverse REVS``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+from asv.results import iter_results_for_machine
+
+from mrcnn_bench.asv_results_table import values as result_values
+from mrcnn_bench.changepoints import MIN_POINTS
+
+Series = dict[str, tuple[list[str], list[float]]]
+DEFAULT_METRIC = "value"
+# The figures the history is judged on: what the dashboard's flags and the report cover.
+HELD = ("Latency.track_ratio", "Training.track_ratio", "Compiles.track_count", "Accuracy.track_box_error",
+        "Accuracy.track_mask_error")  # fmt: skip
+MIN_MAIN_COMMITS = 15  # a machine chosen by default holds at least this many of the line's commits
+
+
+def read_csv(path: Path) -> Series:
+    """The series of a CSV file (see the module docstring)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM, as spreadsheets write
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{path}: cannot read it as CSV ({type(e).__name__}: {e})") from None
+    if not rows:
+        raise ValueError(f"{path}: empty; expected a header with the columns commit and value")
+    header = rows[0]
+    missing = [c for c in ("commit", "value") if c not in header]
+    if missing:
+        raise ValueError(f"{path}: the header {header} has no column {' or '.join(missing)} "
+                         "(expected commit, value and optionally metric)")
+    col = {name: header.index(name) for name in ("commit", "value", "metric") if name in header}
+    series: Series = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue  # a blank line
+        if len(row) != len(header):
+            raise ValueError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}")
+        commit, text = row[col["commit"]], row[col["value"]]
+        metric = row[col["metric"]] if "metric" in col else DEFAULT_METRIC
+        if not commit:
+            raise ValueError(f"{path}, line {line}: empty commit")
+        if not metric:
+            raise ValueError(f"{path}, line {line}: empty metric")
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value):
+            raise ValueError(f"{path}, line {line}: value {text!r} is not a finite number")
+        commits, values = series.setdefault(metric, ([], []))
+        if commit in commits:
+            raise ValueError(f"{path}, line {line}: commit {commit!r} repeats in metric {metric!r} "
+                             f"(first at position {commits.index(commit)})")
+        commits.append(commit)
+        values.append(value)
+    if not series:
+        raise ValueError(f"{path}: a header and no rows")
+    return series
+
+
+def line_of_commits(repo: Path, revs: str) -> list[str]:
+    """Full hashes of ``git rev-list --reverse REVS``: oldest first; ValueError when git cannot."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", revs], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["no output"])[0]
+        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {first}")
+    return done.stdout.split()
+
+
+def machines(results: Path, line: Iterable[str]) -> dict[str, int]:
+    """asv machine name -> how many of ``line``'s commits it has results for."""
+    wanted = set(line)
+    found = {}
+    for folder in sorted(p for p in results.iterdir() if (p / "machine.json").exists()):
+        found[folder.name] = len({r.commit_hash for r in iter_results_for_machine(str(results), folder.name)} & wanted)
+    return found
+
+
+def default_machine(results: Path, line: list[str], revs: str) -> str:
+    """The one machine with at least :data:`MIN_MAIN_COMMITS` of ``line``'s commits; ValueError
+    listing every machine and its count otherwise."""
+    counts = machines(results, line)
+    chosen = [m for m, n in counts.items() if n >= MIN_MAIN_COMMITS]
+    if len(chosen) == 1:
+        return chosen[0]
+    listed = ", ".join(f"{m} ({n})" for m, n in counts.items()) or "none"
+    why = "several machines have" if chosen else "no machine has"
+    raise ValueError(f"{why} results for {MIN_MAIN_COMMITS} or more commits of {revs} under {results}; "
+                     f"choose one with --machine: {listed}")
+
+
+def _metric(key: str, params: tuple[str, ...]) -> str:
+    name = key.removeprefix("benchmarks.")
+    return f"{name}({', '.join(params)})" if params else name
+
+
+def read_asv(results: Path, machine: str, line: list[str]) -> tuple[Series, list[str]]:
+    """The held figures of ``machine`` over ``line``'s commits (oldest first, 8-character hashes).
+
+    A commit without a figure (not measured, or not measurable there: NaN) is left out of that
+    metric's series. Returns the series with at least :data:`MIN_POINTS` points, and the names of
+    the metrics left out for having fewer. ValueError when the machine has no results on the line.
+    """
+    if not (results / machine / "machine.json").exists():
+        raise ValueError(f"no asv machine {machine!r} under {results}")
+    by_commit = {r.commit_hash: r for r in iter_results_for_machine(str(results), machine)}
+    series: Series = {}
+    for commit in line:
+        result = by_commit.get(commit)
+        if result is None:
+            continue
+        for key in sorted(result.get_all_result_keys()):
+            if key.removeprefix("benchmarks.") not in HELD:
+                continue
+            for params, value in result_values(result, key).items():
+                if value is None or not math.isfinite(value):
+                    continue
+                commits, values = series.setdefault(_metric(key, params), ([], []))
+                commits.append(commit[:8])
+                values.append(float(value))
+    if not series:
+        raise ValueError(f"machine {machine!r} has no results for these commits under {results}")
+    short = [m for m, (c, _) in series.items() if len(c) < MIN_POINTS]
+    return {m: s for m, s in series.items() if m not in short}, short

@@ -1,0 +1,90 @@
+"""``mrcnn-bench steps``: the change points of the history across commits, and which are regressions.
+
+    mrcnn-bench steps [--machine NAME] [--results results/asv] [--revs main] [--json]
+    mrcnn-bench steps --series FILE.csv [--json]
+
+Reads the held figures of one asv machine over one line of commits (default: main's line, on the
+one machine that has results for :data:`mrcnn_bench.history_series.MIN_MAIN_COMMITS` or more of its
+commits) or, with ``--series``, plain series from a CSV file (``commit``, ``value``, optionally
+``metric``: :func:`mrcnn_bench.history_series.read_csv`), and finds each metric's change points
+with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series.
+
+Prints a table; with ``--json`` only a JSON list on stdout (the table goes to stderr), one object
+per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``after``,
+``change_pct``, ``p_value``, ``direction``, sorted by each metric's first appearance, then by index
+(``[]`` when there is none). Exit 2 when the input is unreadable or a metric has too few points
+(:data:`mrcnn_bench.changepoints.MIN_POINTS`), else 1 when a regression was found, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mrcnn_bench import changepoints, history_series
+from mrcnn_bench.changepoints import ChangePoint
+
+DEFAULT_RESULTS = "results/asv"
+DEFAULT_REVS = "main"
+COLUMNS = ("metric", "commit", "index", "before", "after", "change_pct", "p_value", "direction")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--series", type=Path, default=None, metavar="FILE.csv",
+                        help="plain series instead of asv's results: a CSV with a header naming commit, value and "
+                             "optionally metric; each metric's rows in file order, oldest first")
+    parser.add_argument("--machine", default=None,
+                        help="asv machine (default: the one with results for "
+                             f"{history_series.MIN_MAIN_COMMITS} or more commits of --revs)")
+    parser.add_argument("--results", type=Path, default=Path(DEFAULT_RESULTS),
+                        help="asv's results_dir (default: %(default)s)")
+    parser.add_argument("--revs", default=DEFAULT_REVS,
+                        help="the line of commits, as `git rev-list` takes it (default: %(default)s)")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: %(default)s)")
+    parser.add_argument("--json", action="store_true",
+                        help="print only the change points as a JSON list on stdout; the table goes to stderr")
+
+
+def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
+    """The series the arguments name, and a line saying where they come from."""
+    if args.series is not None:
+        series = history_series.read_csv(args.series)
+        return series, f"{args.series}: {len(series)} metric(s)"
+    line = history_series.line_of_commits(args.repo, args.revs)
+    machine = args.machine or history_series.default_machine(args.results, line, args.revs)
+    series, short = history_series.read_asv(args.results, machine, line)
+    if not series:
+        raise ValueError(f"machine {machine!r}: no metric has {changepoints.MIN_POINTS} or more commits of "
+                         f"{args.revs} (the change-point method needs that many)")
+    where = f"{machine}, {max(len(c) for c, _ in series.values())} commits of {args.revs}, {len(series)} metrics"
+    if short:
+        where += f" ({len(short)} left out with fewer than {changepoints.MIN_POINTS} commits: {', '.join(short)})"
+    return series, where
+
+
+def table(points: list[ChangePoint], where: str) -> str:
+    """The change points as a markdown table under a line naming the input and the method."""
+    settings = ", ".join(f"{k} {v:g}" for k, v in changepoints.SETTINGS.items())
+    head = f"change points of {where} (Apache Otava, {settings})"
+    if not points:
+        return f"{head}: none"
+    rows = [f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
+    for p in points:
+        change = "-" if p.change_pct is None else f"{p.change_pct:+.2f}%"
+        rows.append(f"| {p.metric} | {p.commit} | {p.index} | {p.before:.6g} | {p.after:.6g} | {change} | "
+                    f"{p.p_value:.2g} | {p.direction} |")
+    return "\n".join([head, "", *rows])
+
+
+def run(args: argparse.Namespace) -> int:
+    series, where = read(args)
+    points = changepoints.find(series)
+    text = table(points, where)
+    if args.json:
+        print(text, file=sys.stderr)
+        print(json.dumps([p.to_dict() for p in points], indent=1))
+    else:
+        print(text)
+    return 1 if any(p.direction == "regression" for p in points) else 0

@@ -1,0 +1,151 @@
+"""``mrcnn-bench steps``: change points found where a level moved, none in A/A noise, and its contract
+(CSV at the edge, the JSON list, exit codes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mrcnn_bench import changepoints, cli
+
+REPO = Path(__file__).resolve().parents[2]
+KEYS = ["metric", "commit", "index", "before", "after", "change_pct", "p_value", "direction"]
+
+
+@pytest.fixture(autouse=True)
+def otava():
+    """The Otava environment `make test` builds; elsewhere its absence skips, in CI it fails."""
+    try:
+        changepoints.otava_python()
+    except ValueError as e:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(e))
+
+
+def steps(*argv: str, capsys) -> tuple[int, list | None, str]:
+    """Exit code, the JSON list on stdout (with --json), stderr."""
+    code = cli.main(["steps", *argv])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if "--json" in argv and code != 2 else None), err
+
+
+def write(path: Path, header: str, rows: list[tuple]) -> Path:
+    path.write_text("\n".join([header, *(",".join(map(str, r)) for r in rows)]) + "\n")
+    return path
+
+
+def noisy(n: int, seed: int, cv: float = 0.01, step_at: int | None = None, step: float = 0.0) -> list[float]:
+    """A ratio of about 1.2 with ``cv`` relative noise, ``step`` higher from ``step_at`` on."""
+    values = 1.2 * (1 + cv * np.random.default_rng(seed).standard_normal(n))
+    if step_at is not None:
+        values[step_at:] *= 1 + step
+    return [round(float(v), 6) for v in values]
+
+
+def test_a_five_percent_step_is_found_at_its_commit(tmp_path, capsys):
+    values = noisy(20, seed=3, step_at=11, step=0.05)
+    f = write(tmp_path / "s.csv", "commit,value", [(f"c{i:02d}", v) for i, v in enumerate(values)])
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 1
+    assert [(p["index"], p["commit"], p["direction"]) for p in points] == [(11, "c11", "regression")]
+    (p,) = points
+    assert p["before"] == pytest.approx(np.mean(values[:11])) and p["after"] == pytest.approx(np.mean(values[11:]))
+    assert p["change_pct"] == pytest.approx(100 * (p["after"] - p["before"]) / p["before"])
+    assert 3 < p["change_pct"] < 7 and 0 <= p["p_value"] < changepoints.SETTINGS["max_pvalue"]
+
+
+def test_a_a_noise_is_flagged_at_most_once_per_100_commits(tmp_path, capsys):
+    """200 A/A histories of 20 commits as 200 metrics of one file: the goal's false-alarm rate holds."""
+    rows = [(f"aa{k}", f"c{i}", v) for k in range(200) for i, v in enumerate(noisy(20, seed=100 + k, cv=0.013))]
+    code, points, err = steps("--series", str(write(tmp_path / "aa.csv", "metric,commit,value", rows)), "--json",
+                              capsys=capsys)  # fmt: skip
+    assert code in (0, 1), err
+    assert len(points) <= 200 * 20 / 100, points
+
+
+def test_one_a_a_history_is_not_flagged(tmp_path, capsys):
+    rows = [(f"c{i}", v) for i, v in enumerate(noisy(20, seed=0, cv=0.013))]
+    code, points, err = steps("--series", str(write(tmp_path / "aa.csv", "commit,value", rows)), "--json",
+                              capsys=capsys)  # fmt: skip
+    assert (code, points) == (0, [])
+    assert "none" in err
+
+
+def test_metrics_keep_their_order_and_an_improvement_exits_0(tmp_path, capsys):
+    """Columns by name in any order, extra ones ignored; a commit may repeat across metrics."""
+    faster = noisy(12, seed=1, step_at=6, step=-0.10)
+    flat = noisy(12, seed=2)
+    rows = [("zeta", f"c{i}", v, "x") for i, v in enumerate(faster)] + [("alpha", f"c{i}", v, "y")
+                                                                        for i, v in enumerate(flat)]  # fmt: skip
+    f = write(tmp_path / "m.csv", "metric,commit,value,note", rows)
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 0
+    assert [list(p) for p in points] == [KEYS]
+    assert (points[0]["metric"], points[0]["index"], points[0]["direction"]) == ("zeta", 6, "improvement")
+
+
+def test_two_steps_take_the_means_between_adjacent_change_points(tmp_path, capsys):
+    values = noisy(10, seed=4) + noisy(10, seed=5, step_at=0, step=0.10) + noisy(10, seed=6, step_at=0, step=0.05)
+    f = write(tmp_path / "two.csv", "value,commit", [(v, f"{i:x}") for i, v in enumerate(values)])
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 1 and [p["index"] for p in points] == [10, 20]
+    assert points[0]["metric"] == "value" and points[1]["commit"] == "14"
+    assert points[0]["after"] == pytest.approx(np.mean(values[10:20])) == points[1]["before"]
+    assert [p["direction"] for p in points] == ["regression", "improvement"]
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "empty"),
+    ("commit,metric\na,m\n", "no column value"),
+    ("commit,value\na,1\nb,nan\n", "line 3: value 'nan' is not a finite number"),
+    ("commit,value\na,1\nb,fast\n", "line 3: value 'fast'"),
+    ("commit,value\na,1\na,2\nb,1\nc,1\n", "line 3: commit 'a' repeats in metric 'value'"),
+    ("commit,value\na,1,3\n", "line 2: 3 fields"),
+    ("commit,value\n", "a header and no rows"),
+    ("commit,value\na,1\nb,2\nc,3\n", "at least 4 points"),
+])  # fmt: skip
+def test_bad_series_files_exit_2_with_one_line(tmp_path, capsys, text, message):
+    f = tmp_path / "bad.csv"
+    f.write_text(text)
+    code, _, err = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert capsys.readouterr().out == ""
+
+
+def test_a_missing_or_binary_file_exits_2(tmp_path, capsys):
+    assert steps("--series", str(tmp_path / "nope.csv"), capsys=capsys)[0] == 2
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00commit")
+    code, _, err = steps("--series", str(tmp_path / "bin.csv"), capsys=capsys)
+    assert code == 2 and "cannot read it as CSV" in err
+
+
+def test_no_machine_to_choose_exits_2_listing_them(tmp_path, capsys):
+    (tmp_path / "few").mkdir()
+    (tmp_path / "few" / "machine.json").write_text("{}")
+    code, _, err = steps("--results", str(tmp_path), "--repo", str(REPO), capsys=capsys)
+    assert code == 2 and "choose one with --machine: few (0)" in err
+    code, _, err = steps("--results", str(tmp_path), "--machine", "other", "--repo", str(REPO), capsys=capsys)
+    assert code == 2 and "no asv machine 'other'" in err
+
+
+def _main_has_history() -> bool:
+    done = subprocess.run(["git", "-C", str(REPO), "rev-list", "--count", "main"], capture_output=True, text=True)
+    return done.returncode == 0 and int(done.stdout or 0) > 100
+
+
+@pytest.mark.skipif(not _main_has_history(), reason="needs main's git history (a full clone)")
+def test_main_history_on_its_default_machine(capsys):
+    """The committed asv results of main: the two-core RoIAlign speed-up is found as an improvement."""
+    code, points, err = steps("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
+                              capsys=capsys)  # fmt: skip
+    assert code in (0, 1), err
+    assert "amd-epyc-f25m17-2c-fx021d390f, 17 commits of main" in err
+    found = {(p["metric"], p["commit"], p["direction"]) for p in points}
+    assert ("Training.track_ratio(static/train)", "6cf654da", "improvement") in found
+    assert not [p for p in points if p["metric"] == "Latency.track_ratio(torchvision/eager)"]
