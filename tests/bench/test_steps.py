@@ -149,3 +149,11 @@ def test_main_history_on_its_default_machine(capsys):
     found = {(p["metric"], p["commit"], p["direction"]) for p in points}
     assert ("Training.track_ratio(static/train)", "6cf654da", "improvement") in found
     assert not [p for p in points if p["metric"] == "Latency.track_ratio(torchvision/eager)"]
+
+
+def test_a_count_rising_from_zero_is_a_regression_without_a_percentage(tmp_path, capsys):
+    f = write(tmp_path / "breaks.csv", "commit,value", [(c, 0 if i < 4 else 1) for i, c in enumerate("abcdefgh")])
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 1
+    assert [(p["commit"], p["before"], p["after"], p["change_pct"], p["direction"]) for p in points] == [
+        ("e", 0.0, 1.0, None, "regression")]
