@@ -14,8 +14,9 @@ per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``
 ``change_pct``, ``p_value``, ``direction``, sorted by each metric's first appearance, then by index
 (``[]`` when there is none). ``change_pct`` is ``100 (after - before) / before``, ``null`` when
 ``before`` is 0 (a count that was 0); ``direction`` is ``"regression"`` exactly when it is above 0
-(or, when it is null, when ``after`` is above ``before``), else ``"improvement"``. Exit 2 when the input is unreadable or a metric has too few points
-(:data:`mrcnn_bench.changepoints.MIN_POINTS`), else 1 when a regression was found, else 0.
+(or, when it is null, when ``after`` is above ``before``), else ``"improvement"``. Exit 2 when the
+input is unreadable or a metric has too few points (:data:`mrcnn_bench.changepoints.MIN_POINTS`),
+else 1 when a regression was found, else 0.
 """
 
 from __future__ import annotations

@@ -191,6 +191,7 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
         "report": [["--bogus", absent], [absent + ".json", "--out", str(tmp_path / "html")]],
         "export-db": [["--bogus", absent], [absent + ".json", "--out", str(tmp_path / "db.json")]],
         "list": [["--bogus"], ["unexpected"]],
+        "steps": [["--bogus"], ["--series", absent + ".csv"]],
     }
 
 
