@@ -1,6 +1,6 @@
 """The house rules of the tree, checked on the files themselves (each detector tried first on a made-up snippet).
 
-- names say what a thing answers: no ticket numbers ("issue 14") and no "sitting" in the code, the
+- names say what a thing answers: no ticket numbers ("issue" and a number) and no "sitting" in the code, the
   tests, the Makefile, the README or docs/ (the READMEs under results/ may keep provenance);
 - every test file stays within the line cap that source files keep;
 - no test module imports from another test module: shared helpers live in ``tests/helpers``, shared
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 MAX_LINES = 450  # the cap of tests/test_architecture.py, for tests too
 # Where the rule on ticket numbers holds: the code, the tests, and what a reader is pointed to.
 NAMED_BY_QUESTION = ("mrcnn", "bench", "tests", "Makefile", "README.md", "docs")
-# A ticket reference: "issue 14", "Issue #3", "issues 13 and 14", "ticket 7"; and the word "sitting".
+# A ticket reference: "issue" or "ticket", singular or plural, then numbers ("#" optional); and "sitting".
 TICKET = re.compile(r"\b(?:issues?|tickets?)\s*#?\s*\d+(?:\s*(?:,|and|&)\s*#?\s*\d+)*|\bsittings?\b", re.IGNORECASE)
 
 
