@@ -22,12 +22,16 @@ from typing import Any
 from mrcnn_bench.cases import CASES, TRACKED
 from mrcnn_bench.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
 from mrcnn_bench.history import COUNTERS, Part, compiled, measure_commit
+from mrcnn_bench.profile import STAGE_KEYS
+from mrcnn_bench.shared_rounds import staged
 
 REPO = Path(__file__).resolve().parents[2]
 
 INFERENCE = [n for n in TRACKED if CASES[n].phase == "inference"]
 TRAINING = [n for n in TRACKED if CASES[n].phase == "training"]
 COMPILED = [n for n in TRACKED if compiled(n)]
+STAGED = [n for n in INFERENCE if staged(CASES[n])]
+SERIES = "shared-rounds-1"  # the version of the series measured by mrcnn_bench.shared_rounds
 RATIO_UNIT = "ratio to the ruler (torchvision eager, fixed across commits) in the same rounds; lower is better"
 CASES_ENV = "MRCNN_ASV_CASES"
 
@@ -86,6 +90,10 @@ class Latency(_Commit):
 
     params = INFERENCE
     param_names = ("case",)
+    # A new series: the cases share the ruler's rounds in a few processes since this version (one
+    # process and one ruler per case before). asv draws only results of the suite's version, so
+    # results measured the old way stay in their files but leave the graphs until re-measured.
+    version = SERIES
 
     def setup(self, cache: Cache, case: str) -> None:
         _skip_unless_measured(cache, "timing", case)
@@ -108,7 +116,10 @@ class Latency(_Commit):
     def track_peak_memory(self, cache: Cache, case: str) -> float:
         return _part(cache, "timing", case).value("peak_memory_gb")
 
-    track_peak_memory.unit = "GB peak memory over calls after warm-up (RSS on CPU/XLA:CPU, allocated on CUDA)"
+    track_peak_memory.unit = (
+        "GB peak memory over the case's calls after warm-up, every case's model resident (RSS on CPU/XLA:CPU, "
+        "allocated on CUDA)"
+    )
 
     def track_flops(self, cache: Cache, case: str) -> float:
         return _part(cache, "timing", case).value("flops")
@@ -119,6 +130,26 @@ class Latency(_Commit):
         return _part(cache, "timing", case).value("loadavg_after")
 
     track_load.unit = "load average (1 min) after the rounds: context for the raw seconds, not a metric"
+
+
+class Stages(_Commit):
+    """Inference stage by stage (backbone, RPN, heads, ...: mrcnn_bench.profile.STAGE_KEYS), for the
+    eager cases, timed in the same calls as the whole: when a ratio steps, the stages that stepped
+    with it say where."""
+
+    params = (STAGED, list(STAGE_KEYS.values()))
+    param_names = ("case", "stage")
+    version = SERIES
+
+    def setup(self, cache: Cache, case: str, stage: str) -> None:
+        _skip_unless_measured(cache, "timing", case)
+        if stage not in (_part(cache, "timing", case).record or {}).get("stage_ratio_median", {}):
+            raise NotImplementedError(f"{case}: stage {stage} not measured")
+
+    def track_ratio(self, cache: Cache, case: str, stage: str) -> float:
+        return float(_part(cache, "timing", case).record["stage_ratio_median"][stage])
+
+    track_ratio.unit = RATIO_UNIT.replace("in the same rounds", "same stage, same calls")
 
 
 class Training(_Commit):

@@ -2,9 +2,10 @@
 
     PYTHONPATH=bench python bench/tools/history_spread.py [--runs 3] [--out results/asv/aa]
 
-Each run is :func:`mrcnn_bench.history.measure_commit` on this checkout (every tracked case in its
-own processes, the compile probes, the fixed-checkpoint AP), written to ``OUT/run_K.json`` as soon as
-it ends; a run whose file exists is not measured again, so the study resumes where it stopped.
+Each run is :func:`mrcnn_bench.history.measure_commit` on this checkout (the shared rounds with the
+compile probes, the training step, the fixed-checkpoint AP; its wall time as ``measurement wall_s``),
+written to ``OUT/run_K.json`` as soon as it ends; a run whose file exists is not measured again, so
+the study resumes where it stopped.
 Then ``OUT/spread.csv`` and ``OUT/spread.md`` give, per figure, the values of every run and their
 spread ``(max - min) / median``: the ratios to the ruler next to the raw seconds they cancel.
 Run it on an otherwise idle machine, never beside another measurement.
@@ -20,7 +21,8 @@ import numpy as np
 import pandas as pd
 
 from mrcnn.progress import progress
-from mrcnn_bench.history import COUNTERS, PROCESSES, measure_commit
+from mrcnn_bench import timing
+from mrcnn_bench.history import COUNTERS, SHARED_PROCESSES, measure_commit
 
 # Per-case figures of the timing record: (column, record key).
 FIGURES = (
@@ -39,6 +41,8 @@ def rows_of(run: int, record: dict) -> list[dict]:
     for case, part in record["timing"].items():
         if part["record"]:
             rows += [{"run": run, "figure": f"{case} {name}", "value": part["record"][key]} for name, key in FIGURES]
+            rows += [{"run": run, "figure": f"{case} stage {k}", "value": v}
+                     for k, v in part["record"].get("stage_ratio_median", {}).items()]
     for case, part in record["compiles"].items():
         if part["record"]:
             rows += [
@@ -46,6 +50,8 @@ def rows_of(run: int, record: dict) -> list[dict]:
                 for k, v in part["record"].items()
                 if k in COUNTERS.values()
             ]
+    if "wall_s" in record:
+        rows.append({"run": run, "figure": "measurement wall_s", "value": record["wall_s"]})
     if record["accuracy"]["record"]:
         acc = record["accuracy"]["record"]
         rows += [
@@ -81,14 +87,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
-    parser.add_argument("--processes", type=int, default=None,
-                        help=f"processes per timed case, pooled (default: the suite's, by phase {PROCESSES})")
+    parser.add_argument("--processes", type=int, default=SHARED_PROCESSES,
+                        help=f"shared-rounds processes per run, pooled (default: the suite's, {SHARED_PROCESSES})")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):
         path = args.out / f"run_{k}.json"
         if not path.exists():
-            path.write_text(json.dumps(measure_commit(processes=args.processes).to_dict(), indent=1))
+            with timing.Stopwatch() as wall:
+                record = measure_commit(processes=args.processes).to_dict()
+            path.write_text(json.dumps({**record, "wall_s": wall.seconds}, indent=1))
     print(summarise(args.out).to_string())
     return 0
 

@@ -24,7 +24,7 @@ import mrcnn.transform
 from mrcnn.config import Config, get_config
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import synthetic_weights, textured_images
-from mrcnn_bench import defaults
+from mrcnn_bench import defaults, timing
 from mrcnn_bench.backends import dynamo_reasons
 from mrcnn_bench.cases import CASES, TRAIN_BATCH, Row, Workload
 from mrcnn_bench.context import Context, Sample, initial_weights, training_samples
@@ -48,8 +48,9 @@ def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict
     """Compile counters of one case after one call per size of :data:`GATE_SIZES` (this process);
     a training case: one SGD step per mix of :data:`GATE_TRAIN_COUNTS`.
 
-    Returns the counters after the last call, ``per_call`` (the counters after each call, with its
-    image size or, training, its objects per image), ``flops`` (eager CPU) and, for inductor, dynamo's ``reasons``.
+    Returns the counters after the last call, ``first_call_s`` (the first call's seconds, its
+    compilation included), ``per_call`` (the counters after each call, with its image size or,
+    training, its objects per image, and its seconds), ``flops`` (eager CPU) and, for inductor, dynamo's ``reasons``.
     """
     if inject == "recompile":
         _inject_recompile()
@@ -74,11 +75,12 @@ def measure_case(case_name: str, preset: str, inject: str | None = None) -> dict
         shape = list(to_image_batch(images, cfg).tensors.shape)  # what the model is given
         what = f"objects {counts}" if training else f"image {tuple(size)}"
         print(f"{CALL_LOG_PREFIX} {i + 1} on {what} -> model input {shape}", file=sys.stderr, flush=True)
-        pipeline.call(i)
+        seconds, _ = timing.timed(pipeline.call, i)
         now = pipeline.counters()
         key = {"objects": list(counts)} if training else {"image": size}
-        calls.append({**key, **{k: now[k] - start.get(k, 0) for k in now}})
-    out: dict[str, Any] = {k: v for k, v in calls[-1].items() if k not in ("image", "objects")}
+        calls.append({**key, **{k: now[k] - start.get(k, 0) for k in now}, "seconds": seconds})
+    out: dict[str, Any] = {k: v for k, v in calls[-1].items() if k not in ("image", "objects", "seconds")}
+    out["first_call_s"] = calls[0]["seconds"]  # compilation included: the case's time to first result
     out["per_call"] = calls
     out["flops"] = case_flops(Row(case), ctx)
     if case.compiler == "inductor":

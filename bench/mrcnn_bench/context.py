@@ -6,7 +6,10 @@ time the very same inputs.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +69,34 @@ class ContextOptions:
     overrides: dict[str, Any] = field(default_factory=dict)
 
 
+CONTEXT_CACHE_ENV = "MRCNN_CONTEXT_CACHE"
+
+
 def make_context(opts: ContextOptions) -> tuple[Context, str]:
-    """Images, weights and training samples for a run; returns (context, description of the weights)."""
+    """Images, weights and training samples for a run; returns (context, description of the weights).
+
+    With ``$MRCNN_CONTEXT_CACHE`` set to a folder, a context made from the same options is loaded
+    from there instead of being made again (the calibrated weights cost seconds per process). The
+    folder must belong to one checkout of ``mrcnn``: one commit's measurement makes and removes it
+    (:func:`mrcnn_bench.history.measure_commit`), because another commit may calibrate differently.
+    """
+    cache = os.environ.get(CONTEXT_CACHE_ENV)
+    if not cache:
+        return _make_context(opts)
+    folder = Path(cache) / hashlib.sha256(repr(opts).encode()).hexdigest()[:16]
+    if (folder / "inputs.pt").is_file():
+        return load_context(folder), (folder / "weights.txt").read_text()
+    ctx, desc = _make_context(opts)
+    Path(cache).mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=cache))  # written whole, then renamed: no reader sees half of it
+    save_context(ctx, tmp)
+    (tmp / "weights.txt").write_text(desc)
+    with contextlib.suppress(OSError):  # another process made it first: theirs is the same
+        tmp.rename(folder)
+    return ctx, desc
+
+
+def _make_context(opts: ContextOptions) -> tuple[Context, str]:
     workload, seed = opts.workload, opts.seed
     cfg = get_config(workload.preset, **opts.overrides)
     if opts.coco_root:

@@ -1,15 +1,24 @@
-"""One commit measured for the history across commits (asv): every tracked figure, each in its own process.
+"""One commit measured for the history across commits (asv): every tracked figure, in a few processes.
 
 :func:`measure_commit` runs, one after another and each in a fresh subprocess of the interpreter
 asv installed the commit into:
 
-- every case of :data:`mrcnn_bench.cases.TRACKED` timed against the ruler in as many processes as
-  :data:`PROCESSES` gives its phase (``python -m mrcnn_bench.interleaved``), each with its share of
-  the case's time budget, process ``p`` of every case before process ``p + 1`` of any, then pooled
-  (:func:`mrcnn_bench.interleaved.pool`: the median of the processes' median ratios);
-- the compile probe of each compiled case (``python -m mrcnn_bench.compile_probe``: one call per
-  gate size, the backends' own counters);
+- :data:`SHARED_PROCESSES` processes of ``python -m mrcnn_bench.shared_rounds``: the inference cases
+  of :data:`mrcnn_bench.cases.TRACKED` timed against one ruler in the same rounds, the eager ones
+  stage by stage; pooled across processes (:func:`mrcnn_bench.interleaved.pool`: the median of the
+  processes' median ratios). The first process runs the compile probe of each compiled case before
+  it builds anything (the backends' own counters, and the case's cold first call as its time to first
+  result), and the memory and FLOP probes after its rounds. A compiled case with a compiler of its
+  own (inductor) is timed in the first :data:`COMPILED_PROCESSES` only: each process pays for
+  loading its compiled graphs, and its ratio varies less from process to process than the eager
+  ones' (results/asv/README.md, "Shared rounds");
+- each training case against the ruler's training step in one process (``python -m
+  mrcnn_bench.interleaved``), after the first shared process;
 - the fixed checkpoint's AP with the commit's inference (``python -m mrcnn_bench.fixed_accuracy``).
+
+The commit's processes share an inductor cache and a cache of the run's inputs (calibrated weights,
+images), both in a temporary folder made for this commit and removed after it: the first process
+compiles cold, so its figures are a fresh machine's, and the later ones load what it made.
 
 A part that fails keeps its error text and the others still report: asv then shows the metrics of
 that part as failed for this commit, never as a number.
@@ -29,16 +38,15 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn_bench import timing
-from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRACKED
-from mrcnn_bench.interleaved import DEFAULT_BUDGET_S, CaseRecord, pool
+from mrcnn_bench.cases import CASES, TRACKED
+from mrcnn_bench.interleaved import CaseRecord, pool
 
 _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
-# Processes per timed case and commit, by the case's phase. An inference process draws a speed level
-# of its own that its rounds cannot average away, so each inference case is timed in several and
-# their medians pooled; a training step is long enough that one process's rounds hold its level, and
-# splitting its budget leaves too few steps per process (results/asv/README.md, "Processes").
-PROCESSES = {"inference": 5, "training": 1}
+SHARED_PROCESSES = 4  # shared-rounds processes per commit
+COMPILED_PROCESSES = 2  # of them, those that also time the cases with a compiler (inductor)
+SHARED_BUDGET_S = 16.0  # seconds of timed rounds per shared process
+TRAIN_BUDGET_S = 20.0  # seconds of timed rounds of each training case (one process)
 # Tracked compile counters: name shown in asv -> key of the compile probe's record. A case has the
 # counters of its backend or compiler only (XLA's two, or dynamo's three).
 COUNTERS = {
@@ -69,12 +77,14 @@ class Part:
         return float(v)
 
 
-def run_part(args: Sequence[str], timeout: float = PART_TIMEOUT_S) -> Part:
-    """``python -m ARGS... OUT.json`` in a fresh process; exit 2 means "cannot run here" (skipped)."""
+def run_part(args: Sequence[str], timeout: float = PART_TIMEOUT_S, env: dict[str, str] | None = None) -> Part:
+    """``python -m ARGS... OUT.json`` in a fresh process, with ``env`` added to this one's; exit 2
+    means "cannot run here" (skipped)."""
     with tempfile.TemporaryDirectory(prefix="mrcnn_history_") as tmp:
         out = Path(tmp) / "record.json"
         env = {
             **os.environ,
+            **(env or {}),
             "PYTHONPATH": os.pathsep.join([_BENCH, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         }
         wall = timing.Stopwatch()
@@ -109,45 +119,70 @@ def compiled(case: str) -> bool:
     return c.phase == "inference" and (c.backend == "xla" or c.compiler != "eager")
 
 
-def processes_for(case: str, processes: int | None = None) -> int:
-    """Processes that time ``case``: ``processes`` if given, else :data:`PROCESSES` of its phase."""
-    return processes if processes is not None else PROCESSES[CASES[case].phase]
+def shared_plan(cases: Sequence[str], processes: int = SHARED_PROCESSES) -> list[list[str]]:
+    """The inference cases of each shared process: all of them in the first
+    :data:`COMPILED_PROCESSES`, the cases without a compiler of their own in every one."""
+    return [[c for c in cases if p < COMPILED_PROCESSES or CASES[c].compiler == "eager"] for p in range(processes)]
 
 
 def measure_commit(
-    cases: Sequence[str] = TRACKED, budget_s: float = DEFAULT_BUDGET_S, accuracy: bool = True,
-    processes: int | None = None,
+    cases: Sequence[str] = TRACKED, budget_s: float = SHARED_BUDGET_S, accuracy: bool = True,
+    processes: int = SHARED_PROCESSES, train_budget_s: float = TRAIN_BUDGET_S,
 ) -> CommitRecord:
     """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr).
 
-    ``processes`` times every case in that many processes; None: :func:`processes_for` each case.
+    ``budget_s``: seconds of timed rounds per shared process; ``processes``: how many of those.
     """
-    count = {c: processes_for(c, processes) for c in cases}
-    plan: list[tuple[str, str, list[str]]] = [
-        ("timing", c, ["mrcnn_bench.interleaved", c, "--budget-s", str(budget_s / count[c])])
-        for p in range(max(count.values(), default=0)) for c in cases if p < count[c]
+    from mrcnn_bench.context import CONTEXT_CACHE_ENV
+
+    skipped = {c: Part(None, f"{c}: {r}", 0.0, skipped=True) for c in cases if (r := CASES[c].skip_reason())}
+    inference = [c for c in cases if CASES[c].phase == "inference" and c not in skipped]
+    training = [c for c in cases if CASES[c].phase == "training" and c not in skipped]
+    shared = [
+        ["mrcnn_bench.shared_rounds", "--cases", ",".join(names), "--budget-s", str(budget_s),
+         *(["--probes", "--compile-probe"] if p == 0 else [])]
+        for p, names in enumerate(shared_plan(inference, processes)) if names
     ]
-    plan += [("compiles", c, ["mrcnn_bench.compile_probe", c, QUICK_WORKLOAD.preset]) for c in cases if compiled(c)]
+    plan: list[tuple[str, list[str]]] = [("shared", a) for a in shared[:1]]
+    plan += [("training", ["mrcnn_bench.interleaved", c, "--budget-s", str(train_budget_s)]) for c in training]
+    plan += [("shared", a) for a in shared[1:]]
     if accuracy:
-        plan.append(("accuracy", "", ["mrcnn_bench.fixed_accuracy", "evaluate"]))
+        plan.append(("accuracy", ["mrcnn_bench.fixed_accuracy", "evaluate"]))
     timing: dict[str, list[Part]] = {}
-    parts: dict[str, dict[str, Part]] = {"compiles": {}, "accuracy": {}}
-    for k, (kind, case, args) in enumerate(plan, 1):
-        print(f"[{k}/{len(plan)}] {kind} {case}".rstrip(), file=sys.stderr, flush=True)
-        part = run_part(args)
-        state = "skipped" if part.skipped else ("failed" if part.error else "done")
-        print(
-            f"[{k}/{len(plan)}] {kind} {case}: {state} in {part.seconds:.0f} s".replace("  ", " "),
-            file=sys.stderr,
-            flush=True,
-        )
-        if kind == "timing":
-            timing.setdefault(case, []).append(part)
-        else:
-            parts[kind][case] = part
-    no_accuracy = Part(None, "accuracy not measured", 0.0, skipped=True)
+    compiles: dict[str, Part] = {c: skipped[c] for c in skipped if compiled(c)}
+    acc = Part(None, "accuracy not measured", 0.0, skipped=True)
+    with tempfile.TemporaryDirectory(prefix="mrcnn_commit_") as tmp:
+        env = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"), CONTEXT_CACHE_ENV: str(Path(tmp) / "inputs")}
+        for k, (kind, args) in enumerate(plan, 1):
+            what = f"{kind} {args[2] if kind == 'shared' else args[1] if kind == 'training' else ''}".rstrip()
+            print(f"[{k}/{len(plan)}] {what}", file=sys.stderr, flush=True)
+            part = run_part(args, env=env)
+            state = "skipped" if part.skipped else ("failed" if part.error else "done")
+            print(f"[{k}/{len(plan)}] {what}: {state} in {part.seconds:.0f} s", file=sys.stderr, flush=True)
+            if kind == "training":
+                timing.setdefault(args[1], []).append(part)
+            elif kind == "accuracy":
+                acc = part
+            else:
+                names = args[2].split(",")
+                for name, case_part in split_shared(part, names).items():
+                    timing.setdefault(name, []).append(case_part)
+                if "--compile-probe" in args:
+                    compiles.update(split_shared(part, [n for n in names if compiled(n)], "compiles"))
     pooled = {case: pooled_part(ps) for case, ps in timing.items()}
-    return CommitRecord(pooled, parts["compiles"], parts["accuracy"].get("", no_accuracy))
+    return CommitRecord({**pooled, **skipped}, compiles, acc)
+
+
+def split_shared(part: Part, names: Sequence[str], kind: str = "timing") -> dict[str, Part]:
+    """One shared process's outcome as a part per case: its record of ``kind`` ("timing" or
+    "compiles"), or the process's error for every case; each case is given an equal share of the
+    process's seconds."""
+    share = part.seconds / max(1, len(names))
+    if part.record is None:
+        return {n: dataclasses.replace(part, seconds=share) for n in names}
+    records = part.record.get(kind, {})
+    return {n: Part(records[n], None, share) if n in records else Part(None, f"{n}: no {kind} record", share)
+            for n in names}
 
 
 def pooled_part(parts: Sequence[Part]) -> Part:

@@ -62,6 +62,12 @@ class CaseRecord:
     loadavg_after: float
     processes: int = 1  # how many processes the rounds come from (pool)
     ratio_per_process: list[float] = field(default_factory=list)  # each process's median ratio
+    # Eager cases timed with the ruler's stages (mrcnn_bench.shared_rounds): stage key -> seconds of
+    # that stage in each timed round, the case's and the ruler's (same rounds as case_s and ruler_s),
+    # and the median over rounds of their ratio (pooled: the median of the processes' medians).
+    stage_s: dict[str, list[float]] = field(default_factory=dict)
+    ruler_stage_s: dict[str, list[float]] = field(default_factory=dict)
+    stage_ratio_median: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -89,7 +95,8 @@ def pool(records: Sequence[CaseRecord]) -> CaseRecord:
     case_s = [t for r in records for t in r.case_s]
     ruler_s = [t for r in records for t in r.ruler_s]
     per_process = [r.ratio_median for r in records]
-    q1, _, q3 = _quartiles([c / r for c, r in zip(case_s, ruler_s, strict=True)])
+    stage_keys = [k for k in first.stage_ratio_median if all(k in r.stage_ratio_median for r in records)]
+    q1, _, q3 = quartiles([c / r for c, r in zip(case_s, ruler_s, strict=True)])
     return dataclasses.replace(
         first,
         rounds=len(case_s),
@@ -100,14 +107,18 @@ def pool(records: Sequence[CaseRecord]) -> CaseRecord:
         ratio_q3=q3,
         seconds_median=statistics.median(r.seconds_median for r in records),
         ruler_seconds_median=statistics.median(r.ruler_seconds_median for r in records),
-        peak_memory_gb=max(r.peak_memory_gb for r in records),
+        peak_memory_gb=max((r.peak_memory_gb for r in records if math.isfinite(r.peak_memory_gb)), default=math.nan),
+        flops=next((r.flops for r in records if r.flops is not None), None),
         loadavg_after=last.loadavg_after,
         processes=len(records),
         ratio_per_process=per_process,
+        stage_s={k: [t for r in records for t in r.stage_s[k]] for k in stage_keys},
+        ruler_stage_s={k: [t for r in records for t in r.ruler_stage_s[k]] for k in stage_keys},
+        stage_ratio_median={k: statistics.median(r.stage_ratio_median[k] for r in records) for k in stage_keys},
     )
 
 
-def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
     if len(values) < 2:
         v = float(values[0])
         return v, v, v
@@ -184,7 +195,7 @@ def measure(
     flops = None if training else case_flops(Row(case), ctx)
 
     ratios = [c / r for c, r in zip(case_s, ruler_s, strict=True)]
-    q1, med, q3 = _quartiles(ratios)
+    q1, med, q3 = quartiles(ratios)
     return CaseRecord(
         case=case_name,
         phase=case.phase,

@@ -42,12 +42,18 @@ STAGES = (
     ("outside the network: resize, pad, box rescale, mask paste", ("total",), ("backbone", "rpn", "roi_heads")),
     ("total, end to end", ("total",), ()),
 )
+# Short names of STAGES, for series and file keys (the history tracks each stage by this name).
+STAGE_KEYS = dict(zip(
+    (label for label, *_ in STAGES),
+    ("backbone", "rpn_head", "rpn_rest", "box_head", "roi_rest", "mask_head", "mask_predictor", "outside", "total"),
+    strict=True,
+))
 
 Runs = dict[str, tuple[torch.nn.Module, Callable[[], Any]]]  # name -> (model, one call)
 
 
 @contextlib.contextmanager
-def _metered(model: torch.nn.Module, meter: Callable[[], float], sums: dict[str, float]) -> Iterator[None]:
+def metered(model: torch.nn.Module, meter: Callable[[], float], sums: dict[str, float]) -> Iterator[None]:
     """While open, each stage module's forward adds ``meter()``'s growth over it to ``sums[name]``."""
     starts: dict[str, float] = {}
     handles = []
@@ -68,7 +74,9 @@ def _metered(model: torch.nn.Module, meter: Callable[[], float], sums: dict[str,
             h.remove()
 
 
-def _by_stage(sums: dict[str, float]) -> dict[str, float]:
+def by_stage(sums: dict[str, float]) -> dict[str, float]:
+    """Seconds (or FLOPs) per stage label of :data:`STAGES` from the per-module sums of :func:`metered`
+    and ``sums["total"]``, the whole call."""
     return {label: sum(sums.get(k, 0.0) for k in plus) - sum(sums.get(k, 0.0) for k in minus)
             for label, plus, minus in STAGES}
 
@@ -82,7 +90,7 @@ def stage_times(
     sums: dict[str, float] = {}
     with contextlib.ExitStack() as stack, torch.no_grad():
         for model, _ in runs.values():
-            stack.enter_context(_metered(model, clock, sums))
+            stack.enter_context(metered(model, clock, sums))
         for _, call in runs.values():
             call()
         for _, names in timing.schedule(list(runs), "fixed", reps):
@@ -92,7 +100,7 @@ def stage_times(
                 t0 = clock()
                 call()
                 sums["total"] = clock() - t0
-                per_rep[name].append(_by_stage(sums))
+                per_rep[name].append(by_stage(sums))
     return {run: {label: statistics.median(r[label] for r in reps_) for label, *_ in STAGES}
             for run, reps_ in per_rep.items()}
 
@@ -104,10 +112,10 @@ def stage_flops(runs: Runs) -> dict[str, dict[str, float]]:
     for name, (model, call) in runs.items():
         sums: dict[str, float] = {}
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            with _metered(model, lambda c=counter: float(c.get_total_flops()), sums):
+            with metered(model, lambda c=counter: float(c.get_total_flops()), sums):
                 call()
             sums["total"] = float(counter.get_total_flops())
-        out[name] = _by_stage(sums)
+        out[name] = by_stage(sums)
     return out
 
 

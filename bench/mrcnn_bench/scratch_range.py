@@ -97,6 +97,8 @@ class ScratchCommit:
     kind: str  # "noop", "slowdown", "recompile" or "accuracy"
     subject: str  # without the "scratch N/7 [kind]: " prefix
     changes: tuple[Change, ...]
+    stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.profile.STAGE_KEYS), where it is confined to one
+    designed_pct: float = 0.0  # a slowdown's designed size: percent more time per static eager inference
 
 
 # --- commit 2: the slowdown ---------------------------------------------------------------------
@@ -205,15 +207,114 @@ COMMITS: tuple[ScratchCommit, ...] = (
 )
 
 
-def message(index: int, commit: ScratchCommit) -> str:
-    """``scratch N/7 [kind]: subject`` for the commit at 0-based ``index``."""
-    return f"scratch {index + 1}/{len(COMMITS)} [{commit.kind}]: {commit.subject}"
+@dataclass(frozen=True)
+class ScratchRange:
+    """A deterministic range: its commits on ``base``, on branch ``branch``; commit ``i`` is dated
+    ``{hour}:{i + 1:02d}`` (one minute apart, after the base's own date so that a date axis draws the
+    range after it) and its subject starts ``{label} N/len [kind]: ``."""
+
+    branch: str
+    base: str
+    commits: tuple[ScratchCommit, ...]
+    label: str
+    hour: str  # ISO date and hour, e.g. 2026-11-23T15
+
+    @property
+    def ref(self) -> str:
+        return f"refs/heads/{self.branch}"
 
 
-def commit_env(index: int) -> dict[str, str]:
+SCRATCH = ScratchRange(BRANCH, BASE, COMMITS, "scratch", "2026-11-23T15")
+
+# --- the steps range: small slowdowns confined to one stage each ---------------------------------
+# On main's tip of 2026-11-27 (the harness's shared rounds), so the model is the one main measures.
+# A 3% step in the backbone and a 5% step in the mask head, among commits that change nothing; the
+# base is the first point, so each level has three or more commits. Each slowdown runs real work
+# inside the stage's own module (so its forward hook times it) whose result is added as +0.0: the
+# outputs stay bit for bit the same and no compiler can drop the work.
+
+STEPS_BASE = "70c91c717863c957b481019a547e2f96f43b9bc3"
+STEPS_NOTES = "scratch/STEPS.md"
+
+_BACKBONE_OLD = """\
+        if extents is None:
+            return super().forward(x)
+        return dict(zip(("0", "1", "2", "3", "pool"), masked_features(self, x, extents), strict=True))
+"""
+
+_BACKBONE_NEW = """\
+        if extents is None:
+            return super().forward(x)
+        out = dict(zip(("0", "1", "2", "3", "pool"), masked_features(self, x, extents), strict=True))
+        return self.extra_work(out, x)
+
+    def extra_work(self, out: dict[str, Tensor], x: Tensor) -> dict[str, Tensor]:
+        \"\"\"Scratch slowdown: in eval mode, the ResNet body again over the top 7.5% of the canvas rows.
+
+        Only on the static model's masked path: torchvision's model (the reference, and the
+        calibration of the synthetic weights) calls this module without extents. The body is most
+        of the backbone, a little under half of a static eager inference, so 7.5% of its rows is
+        designed to cost about 3% more. ``abs(nan_to_num(...)) * 0`` is +0.0 whatever the values,
+        yet depends on them, so no compiler drops the work; P2 - (+0.0) is P2 bit for bit.
+        \"\"\"
+        if self.training:
+            return out
+        rows = max(32, round(0.075 * x.shape[-2]))  # a Python int from the canvas: a static shape
+        total = list(self.body(x[..., :rows, :]).values())[-1].sum()
+        zero = torch.nan_to_num(total, nan=0.0, posinf=0.0, neginf=0.0).abs() * 0.0
+        return {k: v - zero if k == "0" else v for k, v in out.items()}
+"""
+
+# The static model's mask branch (torchvision's model calls the head itself, not through here).
+_MASK_HEAD_OLD = """\
+    logits = predictor(head(conv_layout(pooled.flatten(0, 1), cfg)))  # RoIAlign writes NCHW
+"""
+
+_MASK_HEAD_NEW = """\
+    x = conv_layout(pooled.flatten(0, 1), cfg)  # RoIAlign writes NCHW
+    features = head(x)
+    if not head.training:
+        # Scratch slowdown: the mask head's convolutions again on the same RoIs. The head is about
+        # a twentieth of a static eager inference, so this is designed to cost about 5% more; the
+        # second result is added as +0.0, so the outputs are bit for bit the same.
+        again = head(x).sum()
+        features = features - torch.nan_to_num(again, nan=0.0, posinf=0.0, neginf=0.0).abs() * 0.0
+    logits = predictor(features)
+"""
+
+
+def _note(k: int) -> ScratchCommit:
+    change = Append(STEPS_NOTES, f"commit {k} changes no code\n")
+    return ScratchCommit("noop", "note in scratch/STEPS.md (no code change)", (change,))
+
+
+STEP_COMMITS: tuple[ScratchCommit, ...] = (
+    ScratchCommit("noop", "add scratch/STEPS.md (no code change)",
+                  (Create(STEPS_NOTES, "asv steps range: commit 1 changes no code\n"),)),
+    _note(2),
+    ScratchCommit("slowdown", "the static backbone runs its ResNet body again over 7.5% of the rows",
+                  (Replace("mrcnn/backbone.py", _BACKBONE_OLD, _BACKBONE_NEW),), stage="backbone", designed_pct=3.0),
+    _note(4),
+    _note(5),
+    ScratchCommit("slowdown", "the static model's mask head runs its convolutions twice in eval mode",
+                  (Replace("mrcnn/mask_head.py", _MASK_HEAD_OLD, _MASK_HEAD_NEW),), stage="mask_head",
+                  designed_pct=5.0),
+    _note(7),
+    _note(8),
+    _note(9),
+)
+STEPS = ScratchRange("asv-steps", STEPS_BASE, STEP_COMMITS, "steps", "2026-11-27T09")
+RANGES = {"scratch": SCRATCH, "steps": STEPS}
+
+
+def message(index: int, commit: ScratchCommit, rng: ScratchRange = SCRATCH) -> str:
+    """``{label} N/len [kind]: subject`` for the commit at 0-based ``index`` of ``rng``."""
+    return f"{rng.label} {index + 1}/{len(rng.commits)} [{commit.kind}]: {commit.subject}"
+
+
+def commit_env(index: int, rng: ScratchRange = SCRATCH) -> dict[str, str]:
     """Fixed author and committer for the commit at 0-based ``index``: one minute apart."""
-    # After BASE's own date, so that a date axis draws the range after its base.
-    date = f"2026-11-23T15:{index + 1:02d}:00+00:00"
+    date = f"{rng.hour}:{index + 1:02d}:00+00:00"
     return {
         "GIT_AUTHOR_NAME": AUTHOR_NAME,
         "GIT_AUTHOR_EMAIL": AUTHOR_EMAIL,
@@ -247,13 +348,13 @@ class Git:
         return subprocess.run(["git", "-C", self.repo, *args], capture_output=True, env=self.env).returncode == 0
 
 
-def require_base(git: Git) -> None:
-    """ScratchError unless ``BASE`` is a commit of the repository."""
+def require_base(git: Git, rng: ScratchRange = SCRATCH) -> None:
+    """ScratchError unless the range's base is a commit of the repository."""
     if not git.ok("rev-parse", "--git-dir"):
         raise ScratchError(f"{git.repo} is not a git repository")
-    if not git.ok("cat-file", "-e", f"{BASE}^{{commit}}"):
+    if not git.ok("cat-file", "-e", f"{rng.base}^{{commit}}"):
         raise ScratchError(
-            f"base commit {BASE} is not in {git.repo} (a shallow clone?): fetch the full history "
+            f"base commit {rng.base} is not in {git.repo} (a shallow clone?): fetch the full history "
             f"(git fetch --unshallow) and run again"
         )
 
@@ -284,17 +385,18 @@ def throwaway_objects(git: Git) -> Iterator[Git]:
         yield Git(git.repo, {"GIT_OBJECT_DIRECTORY": tmp, "GIT_ALTERNATE_OBJECT_DIRECTORIES": objects})
 
 
-def build(git: Git) -> list[dict[str, str]]:
-    """Write the seven commits' objects with ``git`` and return ``[{hash, kind, subject}]`` in order.
+def build(git: Git, rng: ScratchRange = SCRATCH) -> list[dict[str, str]]:
+    """Write the range's commits' objects with ``git`` and return ``[{hash, kind, subject}]`` in order
+    (a slowdown confined to one stage also has ``stage`` and ``designed_pct``).
 
     Touches no ref, no working tree and no index but a temporary one.
     """
-    require_base(git)
+    require_base(git, rng)
     files: dict[str, str | None] = {}  # path -> content at the latest commit, for paths changed so far
     modes: dict[str, str] = {}
 
     def content_at_base(path: str) -> str | None:
-        listing = git.run("ls-tree", BASE, "--", path).strip()
+        listing = git.run("ls-tree", rng.base, "--", path).strip()
         if not listing:
             return None
         mode, kind, blob = listing.split("\t", 1)[0].split()
@@ -304,13 +406,13 @@ def build(git: Git) -> list[dict[str, str]]:
         return git.run("cat-file", "blob", blob)
 
     out = []
-    parent = BASE
+    parent = rng.base
     with tempfile.TemporaryDirectory(prefix="asv-scratch-index-") as tmp:
         index_env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git.run("read-tree", BASE, env=index_env)
-        for i, commit in enumerate(COMMITS):
-            msg = message(i, commit)
-            where = f"commit {i + 1}/{len(COMMITS)} [{commit.kind}]"
+        git.run("read-tree", rng.base, env=index_env)
+        for i, commit in enumerate(rng.commits):
+            msg = message(i, commit, rng)
+            where = f"{rng.label} commit {i + 1}/{len(rng.commits)} [{commit.kind}]"
             for change in commit.changes:
                 if change.path not in files:
                     files[change.path] = content_at_base(change.path)
@@ -320,43 +422,46 @@ def build(git: Git) -> list[dict[str, str]]:
                 mode = modes.get(change.path, "100644")
                 git.run("update-index", "--add", "--cacheinfo", f"{mode},{blob},{change.path}", env=index_env)
             tree = git.run("write-tree", env=index_env).strip()
-            sha = git.run("commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", msg, env=commit_env(i)).strip()
-            out.append({"hash": sha, "kind": commit.kind, "subject": msg})
+            sha = git.run("commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", msg, env=commit_env(i, rng)).strip()
+            stage = {"stage": commit.stage, "designed_pct": commit.designed_pct} if commit.stage else {}
+            out.append({"hash": sha, "kind": commit.kind, "subject": msg, **stage})
             parent = sha
     return out
 
 
-def expected(repo: str | Path) -> list[dict[str, str]]:
+def expected(repo: str | Path, rng: ScratchRange = SCRATCH) -> list[dict[str, str]]:
     """The range's commits as they would be built, written to a throwaway object directory only."""
     git = Git(repo)
-    require_base(git)
+    require_base(git, rng)
     with throwaway_objects(git) as scratch:
-        return build(scratch)
+        return build(scratch, rng)
 
 
-def create(repo: str | Path) -> list[dict[str, str]]:
-    """Build the range in ``repo`` and point ``refs/heads/asv-scratch`` at its last commit."""
+def create(repo: str | Path, rng: ScratchRange = SCRATCH) -> list[dict[str, str]]:
+    """Build the range in ``repo`` and point its branch at its last commit."""
     git = Git(repo)
-    commits = build(git)
+    commits = build(git, rng)
     tip = commits[-1]["hash"]
-    current = git.run("rev-parse", "--verify", "-q", REF, check=False).strip()
+    current = git.run("rev-parse", "--verify", "-q", rng.ref, check=False).strip()
     head = git.run("symbolic-ref", "-q", "HEAD", check=False).strip()
-    if current != tip and head == REF:
-        raise ScratchError(f"{BRANCH} is checked out in {git.repo}; switch branches before moving it")
+    if current != tip and head == rng.ref:
+        raise ScratchError(f"{rng.branch} is checked out in {git.repo}; switch branches before moving it")
     if current != tip:
-        git.run("update-ref", "-m", "asv_scratch: build the scratch range", REF, tip, *([current] if current else []))
+        git.run("update-ref", "-m", f"asv_scratch: build the {rng.label} range", rng.ref, tip,
+                *([current] if current else []))
     return commits
 
 
-def check(repo: str | Path) -> tuple[bool, str]:
-    """(ok, one line): whether ``refs/heads/asv-scratch`` points at the expected last commit."""
-    tip = expected(repo)[-1]["hash"]
-    current = Git(repo).run("rev-parse", "--verify", "-q", REF, check=False).strip()
+def check(repo: str | Path, rng: ScratchRange = SCRATCH) -> tuple[bool, str]:
+    """(ok, one line): whether the range's branch points at the expected last commit."""
+    tip = expected(repo, rng)[-1]["hash"]
+    current = Git(repo).run("rev-parse", "--verify", "-q", rng.ref, check=False).strip()
+    again = f"run python bench/tools/asv_scratch.py --range {rng.label}"
     if not current:
-        return False, f"{BRANCH} does not exist; expected {tip} (run python bench/tools/asv_scratch.py)"
+        return False, f"{rng.branch} does not exist; expected {tip} ({again})"
     if current != tip:
-        return False, f"{BRANCH} points to {current}, expected {tip} (run python bench/tools/asv_scratch.py)"
-    return True, f"{BRANCH} is {tip}, as expected"
+        return False, f"{rng.branch} points to {current}, expected {tip} ({again})"
+    return True, f"{rng.branch} is {tip}, as expected"
 
 
 def table(commits: list[dict[str, str]]) -> str:
@@ -369,23 +474,26 @@ def main(argv: list[str] | None = None, default_repo: str | Path = ".") -> int:
     passes the checkout it lies in)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(default_repo), help="git repository")
+    parser.add_argument("--range", choices=sorted(RANGES), default="scratch",
+                        help="which range: scratch (10-15%% regressions), steps (3%% and 5%% in one stage each)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 unless the branch is the expected tip")
     mode.add_argument("--list", action="store_true", help="print the expected commits as JSON")
     args = parser.parse_args(argv)
+    rng = RANGES[args.range]
     try:
         if args.list:
-            print(json.dumps(expected(args.repo), indent=1))
+            print(json.dumps(expected(args.repo, rng), indent=1))
             return 0
         if args.check:
-            ok, line = check(args.repo)
+            ok, line = check(args.repo, rng)
             print(line, file=sys.stdout if ok else sys.stderr)
             return 0 if ok else 1
-        commits = create(args.repo)
+        commits = create(args.repo, rng)
     except ScratchError as e:
         print(f"asv_scratch: {e}", file=sys.stderr)
         return 2
     print(table(commits))
-    print(f"{BRANCH} -> {commits[-1]['hash']} (base {BASE[:10]})")
+    print(f"{rng.branch} -> {commits[-1]['hash']} (base {rng.base[:10]})")
     return 0
 

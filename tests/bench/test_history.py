@@ -196,6 +196,13 @@ def test_asv_suite_reads_one_record_per_commit(suite):
     assert compiles.track_count(cache, "static/xla", "xla_compiles") == 2
     with pytest.raises(NotImplementedError, match="no graphs counter"):
         compiles.setup(cache, "static/xla", "graphs")
+    stages = suite.Stages()
+    with pytest.raises(NotImplementedError, match="stage backbone not measured"):  # measured before stages
+        stages.setup(cache, "static/eager", "backbone")
+    cache["timing"]["static/eager"]["record"]["stage_ratio_median"] = {"backbone": 1.25}
+    stages.setup(cache, "static/eager", "backbone")
+    assert stages.track_ratio(cache, "static/eager", "backbone") == 1.25
+    assert suite.STAGED == ["torchvision/eager", "static/eager"]  # the eager cases: compiled ones have no stages
     assert accuracy.track_box_error(cache) == pytest.approx(0.2)
     assert accuracy.track_mask_error(cache) == pytest.approx(0.4)
     for method in (suite.Latency.track_ratio, suite.Training.track_ratio):
@@ -217,7 +224,7 @@ def test_asv_find_can_measure_one_case(suite, monkeypatch):
 
 def test_asv_suite_shares_one_measurement_per_commit(suite):
     """asv keys setup_cache by its source line: every class must inherit the same one."""
-    classes = [suite.Latency, suite.Training, suite.Compiles, suite.Accuracy]
+    classes = [suite.Latency, suite.Stages, suite.Training, suite.Compiles, suite.Accuracy]
     assert {c.setup_cache for c in classes} == {suite._Commit.setup_cache}
 
 
@@ -225,64 +232,3 @@ def test_rounds_fill_the_time_budget_within_bounds():
     assert interleaved.rounds_for(0.4, 40.0) == 100
     assert interleaved.rounds_for(10.0, 40.0) == interleaved.MIN_ROUNDS
     assert interleaved.rounds_for(0.01, 40.0) == interleaved.MAX_ROUNDS
-
-
-def _record(case: str, ratios: list[float]) -> interleaved.CaseRecord:
-    ruler_s = [0.2] * len(ratios)
-    return interleaved.CaseRecord(
-        case=case, phase="inference", rounds=len(ratios), threads=2, images_per_call=1,
-        case_s=[r * 0.2 for r in ratios], ruler_s=ruler_s, ratio_median=sorted(ratios)[len(ratios) // 2],
-        ratio_q1=min(ratios), ratio_q3=max(ratios), seconds_median=0.2, ruler_seconds_median=0.2,
-        first_result_s=1.0, peak_memory_gb=1.0, flops=1e9, loadavg_before=0.1, loadavg_after=0.2,
-        ratio_per_process=[sorted(ratios)[len(ratios) // 2]])
-
-
-def test_processes_pool_into_the_median_of_their_medians():
-    records = [_record("static/eager", [1.00, 1.01, 1.02]), _record("static/eager", [1.10, 1.11, 1.12]),
-               _record("static/eager", [1.03, 1.04, 1.05])]
-    pooled = interleaved.pool(records)
-    assert pooled.ratio_median == pytest.approx(1.04) and pooled.ratio_per_process == pytest.approx([1.01, 1.11, 1.04])
-    assert pooled.rounds == 9 and pooled.processes == 3 and len(pooled.case_s) == 9
-    assert interleaved.CaseRecord.from_dict(json.loads(json.dumps(pooled.to_dict()))) == pooled
-    with pytest.raises(ValueError, match="different cases"):
-        interleaved.pool([records[0], _record("static/xla", [1.0])])
-
-
-def test_a_commit_runs_process_p_of_every_case_before_process_p_plus_1(monkeypatch):
-    calls: list[list[str]] = []
-
-    def fake(args, timeout=history.PART_TIMEOUT_S):
-        calls.append(list(args))
-        if args[0] == "mrcnn_bench.interleaved":
-            if args[1] == "static/xla" and len(calls) > 3:
-                return history.Part(None, "static/xla: PJRT_DEVICE is not set", 1.0, skipped=True)
-            return history.Part(_record(args[1], [1.0 + len(calls) / 100]).to_dict(), None, 2.0)
-        return history.Part({}, None, 1.0)
-
-    monkeypatch.setattr(history, "run_part", fake)
-    record = history.measure_commit(cases=("static/eager", "static/xla"), budget_s=30.0, accuracy=False,
-                                    processes=3)
-    timed = [(c[1], c[3]) for c in calls if c[0] == "mrcnn_bench.interleaved"]
-    assert timed == [("static/eager", "10.0"), ("static/xla", "10.0")] * 3
-    eager = record.timing["static/eager"]
-    assert eager.record["processes"] == 3 and eager.seconds == 6.0
-    assert eager.record["ratio_per_process"] == pytest.approx([1.01, 1.03, 1.05])
-    xla = record.timing["static/xla"]  # one process could not run: no figure from the other two
-    assert xla.skipped and xla.record is None and "PJRT_DEVICE" in xla.error
-
-
-def test_by_default_inference_cases_get_several_processes_and_training_one_with_the_whole_budget(monkeypatch):
-    calls: list[list[str]] = []
-
-    def fake(args, timeout=history.PART_TIMEOUT_S):
-        calls.append(list(args))
-        return history.Part(_record(args[1], [1.0]).to_dict(), None, 1.0)
-
-    monkeypatch.setattr(history, "run_part", fake)
-    record = history.measure_commit(cases=("static/eager", "static/train"), budget_s=40.0, accuracy=False)
-    n = history.PROCESSES["inference"]
-    assert n > 1 and history.PROCESSES["training"] == 1
-    timed = [(c[1], float(c[3])) for c in calls]
-    assert timed == [("static/eager", 40.0 / n), ("static/train", 40.0)] + [("static/eager", 40.0 / n)] * (n - 1)
-    assert record.timing["static/eager"].record["processes"] == n
-    assert record.timing["static/train"].record["processes"] == 1

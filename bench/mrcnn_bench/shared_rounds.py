@@ -1,0 +1,227 @@
+"""A commit's inference cases timed against one ruler in the same rounds, in one process, with stages.
+
+``python -m mrcnn_bench.shared_rounds OUT.json --cases A,B,... [--budget-s S | --rounds N] [--probes]``
+builds the ruler (torchvision eager, :mod:`mrcnn_bench.ruler`) and every case on the quick workload
+with the ruler's images, times each case's first call (compilation included: its time to first
+result), calls every distinct input once more so that no compilation can fall in a timed round, then
+runs rounds of one ruler call and one call of each case, the order rotated from round to round
+(:func:`mrcnn_bench.timing.schedule`, ``"rotate"``). A case's ratio in a round is its time over the
+ruler's in that round: one ruler call serves every case of the round, which is what makes this
+cheaper than a process and a ruler per case (:mod:`mrcnn_bench.interleaved`, still used for the
+training step, whose ruler is a training step).
+
+Stages: the eager cases (their model is the ruler's class or has its module names: ``backbone``,
+``rpn``, ``roi_heads`` and the heads inside) are timed stage by stage with forward hooks
+(:func:`mrcnn_bench.profile.metered`), and so is the ruler, in the same calls that are timed whole;
+each stage's ratio is the case's stage time over the ruler's same stage in the same round. A
+compiled case has no modules to hook: its figure is the whole call only.
+
+With ``--probes`` the process also measures each case's peak memory over its calls after the rounds
+and its FLOPs per call; a commit's first process does, the others leave them out (they do not
+change from process to process, and each costs a pass over the images per case). The peak is the
+process's resident peak over that case's calls, with every case's model resident: a figure to follow
+across commits, not one case's footprint alone.
+
+Output: a JSON object: ``"timing"``, case name -> :class:`mrcnn_bench.interleaved.CaseRecord`;
+``"compiles"``, case name -> the compile probe's record (with ``--compile-probe``, else empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mrcnn_bench import timing
+from mrcnn_bench.cases import Case
+from mrcnn_bench.interleaved import CaseRecord, quartiles
+
+# Seconds of timed rounds per process; with a commit's processes this gives each case about as many
+# rounds as one process per case with 40 s did (results/asv/README.md, "Shared rounds").
+DEFAULT_BUDGET_S = 20.0
+MIN_ROUNDS, MAX_ROUNDS = 5, 200
+RULER = "ruler"
+
+
+def rounds_for(round_s: float, budget_s: float) -> int:
+    """Rounds of ``round_s`` seconds (the ruler and one call of each case) that fit in ``budget_s``."""
+    return max(MIN_ROUNDS, min(MAX_ROUNDS, math.ceil(budget_s / max(round_s, 1e-9))))
+
+
+def _stage_ratio(case: Sequence[float], ruler: Sequence[float]) -> float:
+    """Median over rounds of case / ruler for one stage; NaN where the ruler's stage took no time."""
+    ratios = [c / r for c, r in zip(case, ruler, strict=True) if r > 0]
+    return statistics.median(ratios) if ratios else math.nan
+
+
+def measure_shared(
+    case_names: Sequence[str], rounds: int | None = None, threads: int | None = None,
+    budget_s: float = DEFAULT_BUDGET_S, probes: bool = True, first_results: dict[str, float] | None = None,
+) -> dict[str, CaseRecord]:
+    """Time the inference cases ``case_names`` against one ruler in shared rounds (module docstring).
+
+    ``first_results``: case -> seconds of a first call made before this (the compile probe's, cold),
+    which is then that case's time to first result instead of its first call here (which finds what
+    the probe compiled).
+    """
+    # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
+    import contextlib
+
+    import torch
+
+    from mrcnn_bench import backends
+    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Row
+    from mrcnn_bench.context import ContextOptions, make_context
+    from mrcnn_bench.pipelines import Pipeline
+    from mrcnn_bench.probes import case_flops
+    from mrcnn_bench.profile import STAGE_KEYS, by_stage, metered
+    from mrcnn_bench.ruler import IMAGE_SIZE, Ruler, ruler_images
+
+    if rounds is not None and rounds < 3:
+        raise ValueError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
+    if not case_names or len(set(case_names)) != len(case_names):
+        raise ValueError(f"name each case once, at least one: {list(case_names)}")
+    for name in case_names:
+        if name not in CASES:
+            raise ValueError(f"unknown case {name!r}; choose from {sorted(CASES)}")
+        if CASES[name].phase != "inference":
+            raise ValueError(f"{name}: only inference cases share the ruler's rounds (time training with interleaved)")
+        reason = CASES[name].skip_reason()
+        if reason:
+            raise NotImplementedError(f"{name}: {reason}")
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    workload = dataclasses.replace(QUICK_WORKLOAD, image_size=IMAGE_SIZE)
+    ctx, _ = make_context(ContextOptions(workload, seed=0, threads=threads))
+    ctx.images = ruler_images(workload.images)  # every commit times the same pixels
+    ruler = Ruler("inference")
+    pipelines: dict[str, Pipeline] = {}
+    first: dict[str, float] = {}
+    for name in case_names:
+        pipelines[name] = Pipeline(Row(CASES[name]), ctx)
+        pipelines[name].setup()
+        first[name], _ = timing.timed(pipelines[name].call, 0)
+    calls: dict[str, Callable[[int], Any]] = {RULER: ruler.call, **{n: p.call for n, p in pipelines.items()}}
+    warm = [sum(timing.timed(call, index)[0] for call in calls.values()) for index in range(1, workload.images + 1)]
+    rounds = rounds or rounds_for(statistics.median(warm), budget_s)
+
+    hooked = {RULER: ruler.model, **{n: p.model for n, p in pipelines.items() if staged(CASES[n])}}
+    sums: dict[str, dict[str, float]] = {name: {} for name in hooked}
+    seconds: dict[str, list[float]] = {name: [] for name in calls}
+    stages: dict[str, dict[str, list[float]]] = {name: {k: [] for k in STAGE_KEYS.values()} for name in hooked}
+    load_before = os.getloadavg()[0]
+    with contextlib.ExitStack() as stack:
+        for name, model in hooked.items():
+            stack.enter_context(metered(model, timing.clock, sums[name]))
+        for _, name, s, _ in timing.timed_rounds(calls, "rotate", rounds, pass_round=True):
+            seconds[name].append(s)
+            if name in hooked:
+                for label, value in by_stage({**sums[name], "total": s}).items():
+                    stages[name][STAGE_KEYS[label]].append(value)
+                sums[name].clear()
+    load_after = os.getloadavg()[0]
+
+    records = {}
+    for name, pipeline in pipelines.items():
+        case = CASES[name]
+        peak, flops = math.nan, None
+        if probes:
+            # After the rounds, so that resetting the counters cannot perturb a timed call.
+            dev = backends.device(case.backend)
+            backends.memory_reset(dev)
+            for index in range(workload.images):
+                pipeline.call(index)
+            peak = backends.memory_peak(dev)
+            flops = case_flops(Row(case), ctx)
+        ratios = [c / r for c, r in zip(seconds[name], seconds[RULER], strict=True)]
+        q1, med, q3 = quartiles(ratios)
+        own = stages.get(name, {})
+        records[name] = CaseRecord(
+            case=name,
+            phase=case.phase,
+            rounds=rounds,
+            threads=threads,
+            images_per_call=workload.batch_size,
+            case_s=seconds[name],
+            ruler_s=seconds[RULER],
+            ratio_median=med,
+            ratio_q1=q1,
+            ratio_q3=q3,
+            seconds_median=statistics.median(seconds[name]),
+            ruler_seconds_median=statistics.median(seconds[RULER]),
+            first_result_s=(first_results or {}).get(name, first[name]),
+            peak_memory_gb=peak,
+            flops=flops,
+            loadavg_before=load_before,
+            loadavg_after=load_after,
+            ratio_per_process=[med],
+            stage_s=own,
+            ruler_stage_s=stages[RULER] if own else {},
+            stage_ratio_median={k: _stage_ratio(v, stages[RULER][k]) for k, v in own.items()},
+        )
+    return records
+
+
+def staged(case: Case) -> bool:
+    """Whether a case is timed stage by stage: eager CPU/CUDA models run their stage modules'
+    ``forward``; compiled ones do not."""
+    return case.compiler == "eager" and case.backend != "xla"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.shared_rounds", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="the records are written here as JSON (case -> record)")
+    parser.add_argument("--cases", required=True, help="comma-separated inference cases, e.g. static/eager,static/xla")
+    how_many = parser.add_mutually_exclusive_group()
+    how_many.add_argument(
+        "--budget-s", type=float, default=DEFAULT_BUDGET_S,
+        help=f"seconds of timed rounds, {MIN_ROUNDS} to {MAX_ROUNDS} rounds (default {DEFAULT_BUDGET_S:g})",
+    )
+    how_many.add_argument("--rounds", type=int, default=None, help="exactly this many timed rounds")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="intra-op threads (default: the CPUs this process may use)"
+    )
+    parser.add_argument("--probes", action="store_true", help="also peak memory and FLOPs per case (after the rounds)")
+    parser.add_argument(
+        "--compile-probe", action="store_true",
+        help="first, before any case is built, the compile probe of each compiled case (its counters, and "
+             "its first call as the case's time to first result)",
+    )
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    try:
+        compiles = compile_probes(names) if args.compile_probe else {}
+        first = {n: r["first_call_s"] for n, r in compiles.items() if r.get("first_call_s") is not None}
+        records = measure_shared(names, args.rounds, args.threads, args.budget_s, args.probes, first)
+    except (ValueError, NotImplementedError) as e:
+        print(f"mrcnn_bench.shared_rounds: {e}", file=sys.stderr)
+        return 2
+    from mrcnn_bench.compile_probe import jsonable
+
+    out = {"timing": {n: r.to_dict() for n, r in records.items()}, "compiles": compiles}
+    args.out.write_text(json.dumps(out, indent=1, default=jsonable))
+    return 0
+
+
+def compile_probes(case_names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """:func:`mrcnn_bench.compile_probe.measure_case` of each compiled case among ``case_names``, in
+    this process and before anything else is built: each backend's counters are then the probe's own
+    (XLA's count process-wide; only the XLA case uses XLA here, only the inductor case dynamo), and
+    the first call of each size is cold, so the counts are those of a fresh process."""
+    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD
+    from mrcnn_bench.compile_probe import measure_case
+    from mrcnn_bench.history import compiled
+
+    probed = [n for n in case_names if n in CASES and CASES[n].skip_reason() is None and compiled(n)]
+    return {n: measure_case(n, QUICK_WORKLOAD.preset) for n in probed}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

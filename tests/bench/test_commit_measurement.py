@@ -1,0 +1,162 @@
+"""One commit's measurement for the history: the shared rounds, their stages, the processes of a
+commit and how they pool (the parts' subprocesses are faked here, except one real shared round)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from mrcnn_bench import backends, context, history, interleaved, shared_rounds  # noqa: E402
+from mrcnn_bench.cases import Workload  # noqa: E402
+from mrcnn_bench.profile import STAGE_KEYS  # noqa: E402
+
+INFERENCE = ("torchvision/eager", "static/eager", "static/xla", "static/inductor")
+
+
+def _record(case: str, ratios: list[float], stages: dict[str, float] | None = None) -> interleaved.CaseRecord:
+    n = len(ratios)
+    return interleaved.CaseRecord(
+        case=case, phase="inference", rounds=n, threads=2, images_per_call=1,
+        case_s=[r * 0.2 for r in ratios], ruler_s=[0.2] * n, ratio_median=sorted(ratios)[n // 2],
+        ratio_q1=min(ratios), ratio_q3=max(ratios), seconds_median=0.2, ruler_seconds_median=0.2,
+        first_result_s=1.0, peak_memory_gb=1.0, flops=1e9, loadavg_before=0.1, loadavg_after=0.2,
+        ratio_per_process=[sorted(ratios)[n // 2]],
+        stage_s={k: [0.1] * n for k in stages or {}}, ruler_stage_s={k: [0.1] * n for k in stages or {}},
+        stage_ratio_median=dict(stages or {}),
+    )
+
+
+def test_processes_pool_into_the_median_of_their_medians():
+    records = [_record("static/eager", [1.00, 1.01, 1.02], {"backbone": 1.0, "outside": 2.0}),
+               _record("static/eager", [1.10, 1.11, 1.12], {"backbone": 1.2, "outside": 2.2}),
+               _record("static/eager", [1.03, 1.04, 1.05], {"backbone": 1.1})]
+    pooled = interleaved.pool(records)
+    assert pooled.ratio_median == pytest.approx(1.04) and pooled.ratio_per_process == pytest.approx([1.01, 1.11, 1.04])
+    assert pooled.rounds == 9 and pooled.processes == 3 and len(pooled.case_s) == 9
+    # A stage every process measured pools like the ratio; one that a process lacks is left out.
+    assert pooled.stage_ratio_median == {"backbone": pytest.approx(1.1)}
+    assert len(pooled.stage_s["backbone"]) == len(pooled.ruler_stage_s["backbone"]) == 9
+    assert interleaved.CaseRecord.from_dict(json.loads(json.dumps(pooled.to_dict()))) == pooled
+    with pytest.raises(ValueError, match="different cases"):
+        interleaved.pool([records[0], _record("static/xla", [1.0])])
+    # Only the first process measures memory and FLOPs (the probes): the pool keeps its figures.
+    later = interleaved.CaseRecord.from_dict({**records[1].to_dict(), "peak_memory_gb": float("nan"), "flops": None})
+    assert interleaved.pool([records[0], later]).peak_memory_gb == 1.0
+
+
+def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
+    """run_part faked: shared processes return a record per case (ratio 1 + k / 100 for the k-th
+    part), compile records from the probing one; part numbers in ``fail`` exit 1."""
+    calls: list[list[str]] = []
+
+    def fake(args, timeout=history.PART_TIMEOUT_S, env=None):
+        calls.append([*args, f"env={sorted(env or {})}"])
+        k = len(calls)
+        if k in fail:
+            return history.Part(None, f"{args[0]} exited 1: boom {k}", 3.0)
+        if args[0] == "mrcnn_bench.shared_rounds":
+            names = args[2].split(",")
+            compiles = {n: {"uncached_compile": 2} for n in names if history.compiled(n)} if "--compile-probe" in args else {}
+            timing = {n: _record(n, [1.0 + k / 100], {"backbone": 1.0} if n.endswith("eager") else None).to_dict()
+                      for n in names}
+            return history.Part({"timing": timing, "compiles": compiles}, None, 4.0 * len(names))
+        if args[0] == "mrcnn_bench.interleaved":
+            return history.Part(_record(args[1], [1.2]).to_dict(), None, 2.0)
+        return history.Part({"box_ap": 0.8, "mask_ap": 0.6}, None, 1.0)
+
+    monkeypatch.setattr(history, "run_part", fake)
+    monkeypatch.setattr(backends, "unavailable", lambda backend: None)
+    return calls
+
+
+def test_a_commit_times_its_inference_cases_in_a_few_shared_processes(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    record = history.measure_commit(cases=(*INFERENCE, "static/train"), budget_s=16.0, processes=4)
+    kinds = [c[0] for c in calls]
+    assert kinds == ["mrcnn_bench.shared_rounds", "mrcnn_bench.interleaved", *["mrcnn_bench.shared_rounds"] * 3,
+                     "mrcnn_bench.fixed_accuracy"]
+    shared = [c for c in calls if c[0] == "mrcnn_bench.shared_rounds"]
+    # The first process probes (compile counts first, then memory and FLOPs); inductor is in the first two only.
+    assert "--compile-probe" in shared[0] and "--probes" in shared[0]
+    assert not any("--probes" in c or "--compile-probe" in c for c in shared[1:])
+    assert [c[2] for c in shared] == [",".join(INFERENCE)] * 2 + ["torchvision/eager,static/eager,static/xla"] * 2
+    assert all(c[c.index("--budget-s") + 1] == "16.0" for c in shared)
+    # Every part of the commit shares one inductor cache and one input cache.
+    assert {c[-1] for c in calls} == {f"env={sorted(['TORCHINDUCTOR_CACHE_DIR', context.CONTEXT_CACHE_ENV])}"}
+    eager, inductor = record.timing["static/eager"], record.timing["static/inductor"]
+    assert eager.record["processes"] == 4 and inductor.record["processes"] == 2
+    assert eager.record["ratio_per_process"] == pytest.approx([1.01, 1.03, 1.04, 1.05])
+    assert eager.record["stage_ratio_median"] == {"backbone": 1.0} and not inductor.record["stage_ratio_median"]
+    assert eager.seconds == pytest.approx(4.0 * 4)  # its share of each shared process it was in
+    assert record.timing["static/train"].record["ratio_median"] == 1.2
+    assert set(record.compiles) == {"static/xla", "static/inductor"}
+    assert record.compiles["static/xla"].value("uncached_compile") == 2
+    assert record.accuracy.value("box_ap") == 0.8
+
+
+def test_a_failed_shared_process_fails_its_cases_and_never_gives_a_figure(monkeypatch):
+    _fake_runs(monkeypatch, fail={1})  # the first process: its cases and the compile counts fail
+    record = history.measure_commit(cases=INFERENCE, accuracy=False, processes=3)
+    for case in INFERENCE:
+        part = record.timing[case]
+        assert part.record is None and "boom 1" in part.error and not part.skipped
+    assert "boom 1" in record.compiles["static/inductor"].error
+    _fake_runs(monkeypatch, fail={3})  # a later process: a figure from fewer processes is not the figure
+    record = history.measure_commit(cases=INFERENCE, accuracy=False, processes=3)
+    assert record.timing["static/inductor"].record is not None  # not in that process
+    assert "boom 3" in record.timing["static/eager"].error
+    assert record.compiles["static/xla"].value("uncached_compile") == 2
+
+
+def test_a_case_that_cannot_run_here_is_skipped_and_left_out_of_the_processes(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    monkeypatch.setattr(backends, "unavailable", lambda backend: "PJRT_DEVICE is not set" if backend == "xla" else None)
+    record = history.measure_commit(cases=("static/eager", "static/xla"), accuracy=False, processes=2)
+    assert all("static/xla" not in c[2] for c in calls)
+    for part in (record.timing["static/xla"], record.compiles["static/xla"]):
+        assert part.skipped and "PJRT_DEVICE" in part.error
+    assert record.timing["static/eager"].record["processes"] == 2
+
+
+def test_shared_rounds_time_every_case_and_the_eager_stages_in_the_same_rounds():
+    """One real process on the tiny preset: each case's rounds pair with the ruler's, and the stages
+    of each timed call add up to the call (the rest of the call is the "outside" stage)."""
+    records = shared_rounds.measure_shared(["torchvision/eager", "static/eager"], rounds=3, threads=1, probes=False)
+    tv, static = records["torchvision/eager"], records["static/eager"]
+    assert tv.ruler_s == static.ruler_s and len(static.case_s) == 3 and static.rounds == 3
+    assert set(static.stage_ratio_median) == set(STAGE_KEYS.values())
+    for rec in (tv, static):
+        for seconds, stages in ((rec.case_s, rec.stage_s), (rec.ruler_s, rec.ruler_stage_s)):
+            parts = [sum(stages[k][r] for k in STAGE_KEYS.values() if k != "total") for r in range(3)]
+            assert parts == pytest.approx(seconds) and stages["total"] == pytest.approx(seconds)
+            assert min(stages["backbone"]) > 0 and min(stages["mask_head"]) > 0 and min(stages["outside"]) > 0
+    assert static.stage_ratio_median["total"] == pytest.approx(static.ratio_median)
+    with pytest.raises(ValueError, match="only inference cases"):
+        shared_rounds.measure_shared(["static/train"], rounds=3)
+    with pytest.raises(ValueError, match="name each case once"):
+        shared_rounds.measure_shared(["static/eager", "static/eager"], rounds=3)
+
+
+def test_the_input_cache_makes_a_context_once_per_set_of_options(tmp_path, monkeypatch):
+    made = []
+    real = context._make_context
+    monkeypatch.setattr(context, "_make_context", lambda opts: made.append(opts) or real(opts))
+    monkeypatch.setenv(context.CONTEXT_CACHE_ENV, str(tmp_path / "inputs"))
+    opts = context.ContextOptions(Workload(preset="tiny", images=1))
+    first, desc = context.make_context(opts)
+    again, desc_again = context.make_context(opts)
+    assert len(made) == 1 and desc_again == desc
+    assert first.weights.keys() == again.weights.keys()
+    assert all(torch.equal(first.weights[k], again.weights[k]) for k in first.weights)
+    context.make_context(context.ContextOptions(Workload(preset="tiny", images=1), seed=1))
+    assert len(made) == 2  # other options: made anew
+    monkeypatch.delenv(context.CONTEXT_CACHE_ENV)
+    context.make_context(opts)
+    assert len(made) == 3  # no cache folder: always made
