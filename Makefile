@@ -13,7 +13,7 @@ OTAVA_STAMP := $(OTAVA_VENV)/.installed
 CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv otava-env bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-same asv-commits asv-history asv-table \
+.PHONY: venv otava-env bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
 	asv-spread asv-publish asv-serve latency-study clean
 
 $(STAMP): pyproject.toml
@@ -67,6 +67,9 @@ lint: $(STAMP)
 # (bench/tools/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
+# The steps range: a 3% and a 5% slowdown, each confined to one stage, among 7 commits that change
+# no code; its base (main's 70c91c7) is measured too, as the first level's first point.
+STEPS_RANGE := asv-steps~9^..asv-steps
 # asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
 # another host or another fixture start a series of their own. Named when a recipe runs, after
 # asv-fixture has made the fixture, by one call that also registers it; its failure (no fixture:
@@ -78,6 +81,7 @@ asv-fixture: $(STAMP)
 
 asv-scratch: $(STAMP)
 	$(PY) bench/tools/asv_scratch.py
+	$(PY) bench/tools/asv_scratch.py --range steps
 
 asv-same: asv-fixture
 	$(ASV_RUN) --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
@@ -104,6 +108,10 @@ asv-table: $(STAMP)
 # The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch
 	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
+
+# The steps range: is a 3% or a 5% step found at its commit, with its stage (9 commits and the base).
+asv-steps-run: asv-fixture asv-scratch
+	$(ASV_RUN) --show-stderr --skip-existing-commits $(STEPS_RANGE)
 
 # The latency gate's error rates through its own code path (live compares; hours; resumable).
 latency-study: $(STAMP)
