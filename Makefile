@@ -124,9 +124,15 @@ asv-spread: asv-fixture
 
 # The dashboard, built into results/html (git-ignored: generated output is not committed; the
 # screenshots under results/asv/screenshots show that it renders), with its scripts made local.
-asv-publish: asv-scratch
+# Then the change points of every line (mrcnn-bench steps' method) beside asv's flags, with a block
+# ready to file per regression: results/asv/regressions_report.md (committed) and the page
+# changes.html of the dashboard. NOISE: the A/A study that sizes each block's confirm command.
+NOISE ?= results/asv/aa_shared_f6m207
+asv-publish: asv-scratch $(OTAVA_STAMP)
 	$(VENV)/bin/asv publish
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
+	PYTHONPATH=bench $(PY) -m mrcnn_bench.regression_report --noise $(NOISE) \
+		--md results/asv/regressions_report.md --html results/html/changes.html
 
 # The dashboard on http://127.0.0.1:8080, this machine only (no network needed: its scripts are in
 # results/html). Run make asv-publish first: it builds results/html, which is not committed.

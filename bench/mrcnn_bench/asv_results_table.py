@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -33,9 +34,27 @@ COUNTS = "benchmarks.Compiles.track_count"
 ERRORS = {"1 - box AP": "benchmarks.Accuracy.track_box_error", "1 - mask AP": "benchmarks.Accuracy.track_mask_error"}
 
 
-def values(result, key: str) -> dict[tuple[str, ...], float]:
-    """One benchmark's values by parameter combination (asv stores them flat, in product order)."""
+def suite_versions(results: Path) -> dict[str, str] | None:
+    """Each benchmark's version in the suite asv last discovered (``RESULTS/benchmarks.json``), or
+    None when there is no such file. A result of another version belongs to another series: asv's
+    dashboard leaves it out, and so do the readers here."""
+    path = results / "benchmarks.json"
+    if not path.is_file():
+        return None
+    try:
+        suite = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: not asv's benchmarks.json ({e})") from None
+    return {name: b["version"] for name, b in suite.items() if isinstance(b, dict) and "version" in b}
+
+
+def values(result, key: str, versions: dict[str, str] | None = None) -> dict[tuple[str, ...], float]:
+    """One benchmark's values by parameter combination (asv stores them flat, in product order);
+    none when ``versions`` (:func:`suite_versions`) gives the benchmark another version than the
+    result's."""
     if key not in result.get_all_result_keys():
+        return {}
+    if versions is not None and result.benchmark_version.get(key) != versions.get(key):
         return {}
     stored = result.get_result_params(key)
     names = [[p.strip("'") for p in axis] for axis in stored]
@@ -66,6 +85,7 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
     """One row per commit (of ``only``, full hashes, when given), oldest first; columns as the module
     docstring lists them."""
     rows, ratios = [], {}
+    versions = suite_versions(results)
     for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
         if only is not None and result.commit_hash not in only:
             continue
@@ -76,17 +96,17 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
         if repo is not None:
             row["subject"] = _subject(repo, result.commit_hash)
         for key in RATIOS:
-            cases = {case[0]: value for case, value in values(result, key).items()}
+            cases = {case[0]: value for case, value in values(result, key, versions).items()}
             row.update(cases)
             ratios.update(dict.fromkeys(cases))
-        counts = values(result, COUNTS)
+        counts = values(result, COUNTS, versions)
         row["compiles (xla; inductor)"] = (
             _count(counts, "static/xla", ("xla_compiles", "fallback_ops"))
             + "; "
             + _count(counts, "static/inductor", ("graphs", "graph_breaks", "recompiles"))
         )
         for name, key in ERRORS.items():
-            row[name] = next(iter(values(result, key).values()), float("nan"))
+            row[name] = next(iter(values(result, key, versions).values()), float("nan"))
         rows.append(row)
     if not rows:
         return pd.DataFrame()

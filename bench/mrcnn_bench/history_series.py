@@ -22,12 +22,14 @@ from pathlib import Path
 
 from asv.results import iter_results_for_machine
 
+from mrcnn_bench.asv_results_table import suite_versions
 from mrcnn_bench.asv_results_table import values as result_values
 from mrcnn_bench.changepoints import MIN_POINTS
 
 Series = dict[str, tuple[list[str], list[float]]]
 DEFAULT_METRIC = "value"
 # The figures the history is judged on: what the dashboard's flags and the report cover.
+STAGES = ("Stages.track_ratio",)  # context for a held step: where it happened
 HELD = ("Latency.track_ratio", "Training.track_ratio", "Compiles.track_count", "Accuracy.track_box_error",
         "Accuracy.track_mask_error")  # fmt: skip
 MIN_MAIN_COMMITS = 15  # a machine chosen by default holds at least this many of the line's commits
@@ -114,8 +116,12 @@ def _metric(key: str, params: tuple[str, ...]) -> str:
     return f"{name}({', '.join(params)})" if params else name
 
 
-def read_asv(results: Path, machine: str, line: list[str]) -> tuple[Series, list[str]]:
-    """The held figures of ``machine`` over ``line``'s commits (oldest first, 8-character hashes).
+def read_asv(
+    results: Path, machine: str, line: list[str], benchmarks: tuple[str, ...] = HELD
+) -> tuple[Series, list[str]]:
+    """The figures of ``benchmarks`` (default: the held ones) of ``machine`` over ``line``'s commits
+    (oldest first, 8-character hashes), of the suite's current version only (an older version is
+    another series: :func:`mrcnn_bench.asv_results_table.suite_versions`).
 
     A commit without a figure (not measured, or not measurable there: NaN) is left out of that
     metric's series. Returns the series with at least :data:`MIN_POINTS` points, and the names of
@@ -123,6 +129,7 @@ def read_asv(results: Path, machine: str, line: list[str]) -> tuple[Series, list
     """
     if not (results / machine / "machine.json").exists():
         raise ValueError(f"no asv machine {machine!r} under {results}")
+    versions = suite_versions(results)
     by_commit = {r.commit_hash: r for r in iter_results_for_machine(str(results), machine)}
     series: Series = {}
     for commit in line:
@@ -130,9 +137,9 @@ def read_asv(results: Path, machine: str, line: list[str]) -> tuple[Series, list
         if result is None:
             continue
         for key in sorted(result.get_all_result_keys()):
-            if key.removeprefix("benchmarks.") not in HELD:
+            if key.removeprefix("benchmarks.") not in benchmarks:
                 continue
-            for params, value in result_values(result, key).items():
+            for params, value in result_values(result, key, versions).items():
                 if value is None or not math.isfinite(value):
                     continue
                 commits, values = series.setdefault(_metric(key, params), ([], []))

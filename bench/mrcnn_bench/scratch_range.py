@@ -218,10 +218,16 @@ class ScratchRange:
     commits: tuple[ScratchCommit, ...]
     label: str
     hour: str  # ISO date and hour, e.g. 2026-11-23T15
+    with_base: bool = False  # the base is measured too, as the first point of the line
 
     @property
     def ref(self) -> str:
         return f"refs/heads/{self.branch}"
+
+    @property
+    def revs(self) -> str:
+        """The line of commits as ``git rev-list`` takes it: the range, and its base if measured."""
+        return f"{self.branch}~{len(self.commits)}{'^' if self.with_base else ''}..{self.branch}"
 
 
 SCRATCH = ScratchRange(BRANCH, BASE, COMMITS, "scratch", "2026-11-23T15")
@@ -303,7 +309,7 @@ STEP_COMMITS: tuple[ScratchCommit, ...] = (
     _note(8),
     _note(9),
 )
-STEPS = ScratchRange("asv-steps", STEPS_BASE, STEP_COMMITS, "steps", "2026-11-27T09")
+STEPS = ScratchRange("asv-steps", STEPS_BASE, STEP_COMMITS, "steps", "2026-11-27T09", with_base=True)
 RANGES = {"scratch": SCRATCH, "steps": STEPS}
 
 

@@ -114,3 +114,20 @@ def test_anchor_must_occur_once():
     for content, why in (("a\n", "is missing"), ("anchor\nanchor\n", "occurs 2 times")):
         with pytest.raises(scratch.ScratchError, match=rf"commit 2/7 \[slowdown\]: mrcnn/x.py: .*{why}"):
             scratch.apply_change(change, content, "commit 2/7 [slowdown]")
+
+
+def test_the_steps_range_slows_one_stage_per_commit_among_noops(source_repo):
+    steps = scratch.STEPS
+    commits = scratch.expected(source_repo, steps)  # a throwaway object directory: nothing written
+    assert [c["kind"] for c in commits] == ["noop"] * 2 + ["slowdown"] + ["noop"] * 2 + ["slowdown"] + ["noop"] * 3
+    slow = [c for c in commits if c["kind"] == "slowdown"]
+    assert [(c["stage"], c["designed_pct"]) for c in slow] == [("backbone", 3.0), ("mask_head", 5.0)]
+    assert all(c["subject"].startswith(f"steps {i + 1}/9 [{c['kind']}]: ") for i, c in enumerate(commits))
+    assert steps.revs == "asv-steps~9^..asv-steps"  # the base is measured: the first level has 3 commits
+    files = {"backbone": "mrcnn/backbone.py", "mask_head": "mrcnn/mask_head.py"}
+    with scratch.throwaway_objects(scratch.Git(source_repo)) as git:
+        built = scratch.build(git, steps)
+        assert built == commits
+        for c in built:
+            changed = git.run("diff-tree", "--no-commit-id", "--name-only", "-r", c["hash"]).split()
+            assert changed == ([files[c["stage"]]] if c["kind"] == "slowdown" else [scratch.STEPS_NOTES])

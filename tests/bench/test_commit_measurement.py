@@ -63,7 +63,8 @@ def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
             return history.Part(None, f"{args[0]} exited 1: boom {k}", 3.0)
         if args[0] == "mrcnn_bench.shared_rounds":
             names = args[2].split(",")
-            compiles = {n: {"uncached_compile": 2} for n in names if history.compiled(n)} if "--compile-probe" in args else {}
+            probing = "--compile-probe" in args
+            compiles = {n: {"uncached_compile": 2} for n in names if probing and history.compiled(n)}
             timing = {n: _record(n, [1.0 + k / 100], {"backbone": 1.0} if n.endswith("eager") else None).to_dict()
                       for n in names}
             return history.Part({"timing": timing, "compiles": compiles}, None, 4.0 * len(names))

@@ -1,0 +1,419 @@
+"""The regression report: each regression change point of the history, written to be filed as is.
+
+    python -m mrcnn_bench.regression_report [--results results/asv] [--repo .] [--noise DIR]
+        [--line NAME=REVS ...] [--md FILE.md] [--html FILE.html] [--dashboard URL]
+
+For every line of commits (default: main, and the scratch and steps ranges of
+:mod:`mrcnn_bench.scratch_range`) and every asv machine with results on it, finds the change points
+of the held figures (:data:`mrcnn_bench.history_series.HELD`) and of the stage ratios
+(:data:`~mrcnn_bench.history_series.STAGES`) with :mod:`mrcnn_bench.changepoints`. Each regression
+in a held figure becomes a block: the commit and its subject, the metric, the level before and
+after with 95% intervals (Student's t over the commits of each level), the stages whose ratio
+stepped within one commit of it in the same direction, the graph's address on the dashboard, and a
+command that confirms it live (the commit against its parent, interleaved). ``--md`` writes the
+blocks as markdown; ``--html`` writes a page of the dashboard with the same blocks and, beside
+each line's change points, the steps asv's own detection flagged (read from the published
+``regressions.json`` when it is there). Every text that comes from git or from a file is escaped.
+
+The confirm command's rounds: a live compare tests the per-round ratios B/A, paired; their
+scatter is the per-round scatter of a case against the ruler in the A/A study (``--noise``: its
+``run_*.json``), so a step of relative size d is found with 90% power by a one-sided test at 5%
+when the rounds are at least ((z_0.95 + z_0.90) s / ln(1 + d))^2 / 0.955 (0.955: the Wilcoxon
+test's efficiency against the t-test for normal data). A process draws a level of its own that
+rounds cannot average away (results/asv/README.md), so the figure is a floor, and the block says
+so when the step is within two of that level's standard deviations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from scipy import stats as scipy_stats
+
+from mrcnn_bench import changepoints, history_series
+from mrcnn_bench.changepoints import ChangePoint
+from mrcnn_bench.scratch_range import RANGES
+from mrcnn_bench.screenshots import graph_hash
+
+POWER, ALPHA = 0.90, 0.05
+WILCOXON_EFFICIENCY = 0.955
+MIN_ROUNDS = 10
+STAGE_WINDOW = 1  # a stage's change point counts when it is this many commits or fewer from the step
+DEFAULT_LINES = {"main": "main", **{name: rng.revs for name, rng in RANGES.items()}}
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of a series: its mean and 95% interval over ``n`` commits (no interval for one)."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+
+    def text(self, digits: int = 4) -> str:
+        if self.n < 2:
+            return f"{self.mean:.{digits}g} (1 commit, no interval)"
+        return f"{self.mean:.{digits}g} (95% CI {self.low:.{digits}g} to {self.high:.{digits}g}, {self.n} commits)"
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A regression change point of a held figure, with what a maintainer needs to file it."""
+
+    line: str
+    machine: str
+    point: ChangePoint
+    commit: str  # full hash, or the 8 characters when git does not know it
+    parent: str
+    subject: str
+    before: Level
+    after: Level
+    stages: list[ChangePoint] = field(default_factory=list)
+    url: str = ""
+    command: str = ""
+    rounds: int | None = None
+    rounds_note: str = ""
+
+
+def level(values: Sequence[float]) -> Level:
+    """Mean of ``values`` and its 95% t interval."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return Level(mean, math.nan, math.nan, n)
+    half = float(scipy_stats.t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
+    return Level(mean, mean - half, mean + half, n)
+
+
+def levels(points: Sequence[ChangePoint], values: Sequence[float], point: ChangePoint) -> tuple[Level, Level]:
+    """The levels on either side of ``point``: between its neighbours among ``points`` (one metric's)."""
+    indices = sorted(p.index for p in points)
+    k = indices.index(point.index)
+    start = indices[k - 1] if k > 0 else 0
+    end = indices[k + 1] if k + 1 < len(indices) else len(values)
+    return level(values[start:point.index]), level(values[point.index:end])
+
+
+def case_of(metric: str) -> str:
+    """``Latency.track_ratio(static/eager)`` -> ``static/eager`` (the first parameter), else ""."""
+    return metric.partition("(")[2].rstrip(")").split(", ")[0] if "(" in metric else ""
+
+
+def round_noise(folder: Path | None) -> dict[str, float]:
+    """Case -> standard deviation of ln(case / ruler) per round, within each process of the A/A
+    study in ``folder`` (``run_*.json`` of :mod:`mrcnn_bench.aa_spread`), pooled over its processes
+    and runs; empty when there is no such study."""
+    if folder is None or not folder.is_dir():
+        return {}
+    squares: dict[str, list[float]] = {}
+    for path in sorted(folder.glob("run_*.json")):
+        for case, part in json.loads(path.read_text()).get("timing", {}).items():
+            record = part.get("record") or {}
+            logs = [math.log(c / r) for c, r in zip(record.get("case_s", []), record.get("ruler_s", []), strict=True)]
+            per = max(1, record.get("processes", 1))
+            size = max(1, len(logs) // per)
+            for chunk in (logs[i:i + size] for i in range(0, len(logs), size)):
+                if len(chunk) > 2:
+                    mean = statistics.fmean(chunk)
+                    squares.setdefault(case, []).extend((x - mean) ** 2 * len(chunk) / (len(chunk) - 1) for x in chunk)
+    return {case: math.sqrt(statistics.fmean(v)) for case, v in squares.items() if v}
+
+
+def rounds_for(change_pct: float, sd: float) -> int:
+    """Rounds of a paired live compare that find a step of ``change_pct`` percent with 90% power
+    (one-sided, alpha 5%), given the per-round scatter ``sd`` of ln(B / A)."""
+    d = math.log1p(abs(change_pct) / 100)
+    z = float(scipy_stats.norm.ppf(1 - ALPHA) + scipy_stats.norm.ppf(POWER))
+    return max(MIN_ROUNDS, math.ceil((z * sd / d) ** 2 / WILCOXON_EFFICIENCY))
+
+
+def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noise: dict[str, float]
+            ) -> tuple[str, int | None, str]:
+    """(command, rounds, note) that confirms a step of ``metric`` at ``commit`` live."""
+    case = case_of(metric)
+    if metric.startswith("Accuracy."):
+        command = (f"for r in {parent} {commit}; do git worktree add -f /tmp/mrcnn-$r $r && "
+                   f"PYTHONPATH=/tmp/mrcnn-$r:bench python -m mrcnn_bench.fixed_accuracy evaluate /tmp/mrcnn-$r.json; "
+                   "done  # 1 - AP of the fixed checkpoint with each commit's inference: exact")
+        return command, None, ""
+    if metric.startswith("Compiles."):
+        return (f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {MIN_ROUNDS}", None,
+                "live and interleaved; compile counts are exact, so one run shows them")
+    sd = noise.get(case)
+    if sd is None or change_pct is None or change_pct == 0:
+        rounds, note = 100, "no A/A study of this case to size the rounds: 100 is a guess"
+    else:
+        rounds = rounds_for(change_pct, sd)
+        note = (f"live and interleaved; from the A/A study's per-round scatter of ln(case / ruler), {sd:.3f}: "
+                f"rounds for 90% power against a {abs(change_pct):.1f}% step, process levels aside")
+    return f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {rounds}", rounds, note
+
+
+def git_commit(repo: Path, commit: str) -> tuple[str, str, str]:
+    """(full hash, first parent, subject) of ``commit``; ``(commit, commit + "^", "")`` when git
+    does not know it."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H%x00%P%x00%s", commit, "--"],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or "\0" not in done.stdout:
+        return commit, f"{commit}^", ""
+    full, parents, subject = done.stdout.rstrip("\n").split("\0", 2)
+    return full, (parents.split() or [f"{commit}^"])[0], subject
+
+
+def graph_url(dashboard: str, suite: dict | None, metric: str, machine: str, branch: str) -> str:
+    """The address of ``metric``'s graph on the dashboard, for ``machine`` and ``branch``; "" when the
+    suite's parameters are unknown."""
+    name, _, params = metric.partition("(")
+    key = f"benchmarks.{name}"
+    if not suite or key not in suite:
+        return ""
+    values = [v for v in params.rstrip(")").split(", ") if v] if params else []
+    chosen = {f"p-{p}": repr(v) for p, v in zip(suite[key].get("param_names", []), values, strict=False)}
+    return f"{dashboard}index.html" + graph_hash({"benchmarks": suite}, key, {**chosen, "machine": machine,
+                                                                           "branch": branch})
+
+
+def regressions(
+    line: str, revs: str, machine: str, results: Path, repo: Path, noise: dict[str, float],
+    dashboard: str = "", suite: dict | None = None,
+) -> tuple[list[ChangePoint], list[Regression]]:
+    """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), and
+    a :class:`Regression` for each that is one."""
+    commits = history_series.line_of_commits(repo, revs)
+    series, _ = history_series.read_asv(results, machine, commits)
+    points = changepoints.find(series)
+    try:
+        stage_series, _ = history_series.read_asv(results, machine, commits, history_series.STAGES)
+    except ValueError:  # measured before stages were: none to show
+        stage_series = {}
+    stage_points = changepoints.find(stage_series) if stage_series else []
+    position = {c[:8]: i for i, c in enumerate(commits)}
+    branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
+    out = []
+    for p in points:
+        if p.direction != "regression":
+            continue
+        full, parent, subject = git_commit(repo, p.commit)
+        before, after = levels([q for q in points if q.metric == p.metric], series[p.metric][1], p)
+        moved = moved_with(p, stage_points, position)
+        command, rounds, note = confirm(p.metric, parent[:8], full[:8], p.change_pct, noise)
+        out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
+                              graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note))
+    return points, out
+
+
+def moved_with(point: ChangePoint, stage_points: Sequence[ChangePoint], position: dict[str, int]) -> list[ChangePoint]:
+    """The stage change points in ``point``'s direction within :data:`STAGE_WINDOW` commits of it
+    (``position``: commit -> its place on the line)."""
+    at = position.get(point.commit)
+    return [s for s in stage_points if at is not None and s.direction == point.direction
+            and s.commit in position and abs(position[s.commit] - at) <= STAGE_WINDOW]
+
+
+def markdown(entries: Sequence[Regression]) -> str:
+    """The blocks of the report, one per regression (subjects escaped for markdown)."""
+    if not entries:
+        return "No regression change point in the held figures.\n"
+    blocks = []
+    for e in entries:
+        p = e.point
+        change = "-" if p.change_pct is None else f"{p.change_pct:+.2f}%"
+        stages = ", ".join(f"{s.metric.removeprefix('Stages.track_ratio')} {s.change_pct:+.1f}% at {s.commit}"
+                           for s in e.stages if s.change_pct is not None) or "none stepped (or none measured)"
+        lines = [
+            f"### {_md(p.metric)} {change} at {e.commit[:8]} ({e.line}, {_md(e.machine)})",
+            "",
+            f"- Commit: `{e.commit}`: {_md(e.subject) or '(subject unknown)'}",
+            f"- Before: {e.before.text()}",
+            f"- After: {e.after.text()}",
+            f"- Change point: p = {p.p_value:.2g} (Apache Otava, {_settings()}); index {p.index} of the line",
+            f"- Stages that stepped with it: {_md(stages)}",
+        ]
+        if e.url:
+            lines.append(f"- Graph: <{e.url}>")
+        lines += ["- Confirm (the parent first):", "", "  ```bash", f"  {e.command}", "  ```"]
+        if e.rounds_note:
+            lines.append(f"  Rounds: {e.rounds_note}.")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def _md(text: str) -> str:
+    """Text that markdown shows as written: its punctuation escaped, no line breaks."""
+    out = " ".join(str(text).split())
+    for ch in "\\`*_{}[]<>()#+-.!|":
+        out = out.replace(ch, "\\" + ch)
+    return out
+
+
+def _settings() -> str:
+    return ", ".join(f"{k} {v:g}" for k, v in changepoints.SETTINGS.items())
+
+
+_STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:.5em 0}"
+          "td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left}.regression{color:#a00}"
+          ".improvement{color:#070}pre{background:#f4f4f4;padding:.5em;white-space:pre-wrap}")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]], classes: Sequence[str] = ()) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr class=\"{html.escape(classes[i]) if i < len(classes) else ''}\">"
+        + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>"
+        for i, row in enumerate(rows)
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def page(sections: Sequence[Section]) -> str:
+    """The dashboard page: per line and machine, both detections and the regression blocks."""
+    parts = [f"<!doctype html><html><head><meta charset=\"utf-8\"><title>Change points</title><style>{_STYLE}"
+             "</style></head><body><h1>Change points of the history</h1>",
+             f"<p>Apache Otava ({html.escape(_settings())}) on each held figure, lower is better; beside it, the "
+             "steps asv's own detection flagged (its regressions page). <a href=\"index.html\">Dashboard</a></p>"]
+    for s in sections:
+        parts.append(f"<h2>{html.escape(s.line)}: {html.escape(s.machine)}</h2>")
+        if s.error:
+            parts.append(f"<p>{html.escape(s.error)}</p>")
+            continue
+        rows = [(p.metric, p.commit, p.index, f"{p.before:.4g}", f"{p.after:.4g}",
+                 "-" if p.change_pct is None else f"{p.change_pct:+.2f}%", f"{p.p_value:.2g}", p.direction)
+                for p in s.points]
+        parts.append("<h3>Change points (mrcnn-bench steps)</h3>")
+        parts.append(_table(("metric", "commit", "index", "before", "after", "change", "p", "direction"), rows,
+                            [p.direction for p in s.points]) if rows else "<p>None.</p>")
+        parts.append("<h3>asv's flags</h3>")
+        flags = [(f["benchmark"], str(f["commit"])[:8], f"{f['before']:.4g}", f"{f['after']:.4g}")
+                 for f in s.flags]
+        parts.append(_table(("benchmark", "commit", "before", "after"), flags) if flags else
+                     "<p>None on this branch and machine (or asv publish has not run).</p>")
+        for e in s.regressions:
+            change = "-" if e.point.change_pct is None else f"{e.point.change_pct:+.2f}%"
+            stages = "; ".join(f"{x.metric} {x.change_pct:+.1f}% at {x.commit}" for x in e.stages
+                               if x.change_pct is not None) or "none stepped (or none measured)"
+            link = f" <a href=\"{html.escape(e.url)}\">graph</a>" if e.url else ""
+            parts.append(
+                f"<h3 class=\"regression\">{html.escape(e.point.metric)} {html.escape(change)} at "
+                f"{html.escape(e.commit[:8])}{link}</h3><ul>"
+                f"<li>Commit <code>{html.escape(e.commit)}</code>: {html.escape(e.subject)}</li>"
+                f"<li>Before: {html.escape(e.before.text())}</li><li>After: {html.escape(e.after.text())}</li>"
+                f"<li>Stages that stepped with it: {html.escape(stages)}</li></ul>"
+                f"<pre>{html.escape(e.command)}</pre><p>{html.escape(e.rounds_note)}</p>"
+            )
+    parts.append("</body></html>\n")
+    return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One line of commits on one machine: its change points, asv's flags and the regressions."""
+
+    line: str
+    machine: str
+    points: list[ChangePoint] = field(default_factory=list)
+    regressions: list[Regression] = field(default_factory=list)
+    flags: list[dict] = field(default_factory=list)
+    error: str = ""
+
+
+def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, float], dashboard: str,
+             html_dir: Path | None, only: str | None = None) -> list[Section]:
+    """A :class:`Section` for each line and each machine (``only``, when given) with enough of its commits."""
+    from mrcnn_bench.asv_regressions import flags as asv_flags
+    from mrcnn_bench.asv_results_table import suite_versions
+
+    suite_path = results / "benchmarks.json"
+    suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
+    flagged = asv_flags(html_dir) if html_dir and (html_dir / "regressions.json").is_file() else []
+    suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
+    out = []
+    for line, revs in lines.items():
+        commits = history_series.line_of_commits(repo, revs)
+        branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
+        for machine, count in history_series.machines(results, commits).items():
+            if count < changepoints.MIN_POINTS or only not in (None, machine):
+                continue
+            try:
+                points, found = regressions(line, revs, machine, results, repo, noise, dashboard, suite)
+            except ValueError as e:
+                out.append(Section(line, machine, error=str(e)))
+                continue
+            mine = [f for f in flagged if f["machine"] == machine and f["branch"] == branch
+                    and str(f["commit"])[:8] in {c[:8] for c in commits}]
+            out.append(Section(line, machine, points, found, mine))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.regression_report", description=__doc__.split("\n")[0])
+    parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository")
+    parser.add_argument("--noise", type=Path, default=None, help="an A/A study's folder (run_*.json): sizes the rounds")
+    parser.add_argument("--line", action="append", default=[], metavar="NAME=REVS",
+                        help="a line of commits (repeatable; default: "
+                             + ", ".join(f"{k}={v}" for k, v in DEFAULT_LINES.items()) + ")")
+    parser.add_argument("--machine", default=None, help="only this asv machine (default: every one)")
+    parser.add_argument("--html-dir", type=Path, default=Path("results/html"),
+                        help="the published dashboard, for asv's flags (default: %(default)s)")
+    parser.add_argument("--dashboard", default="", help="the dashboard's address, prefixed to the graph links")
+    parser.add_argument("--md", type=Path, default=None, help="write the report here (markdown)")
+    parser.add_argument("--html", type=Path, default=None, help="write the dashboard page here")
+    args = parser.parse_args(argv)
+    try:
+        lines = dict(_pair(text) for text in args.line) or DEFAULT_LINES
+        found = sections(lines, args.results, args.repo, round_noise(args.noise), args.dashboard, args.html_dir,
+                         args.machine)
+    except ValueError as e:
+        print(f"regression_report: {e}", file=sys.stderr)
+        return 2
+    entries = [e for s in found for e in s.regressions]
+    text = "# Regressions in the history, ready to file\n\n" + markdown(entries)
+    if args.md:
+        args.md.write_text(text)
+    if args.html:
+        args.html.write_text(page(found))
+        link_from_dashboard(args.html)
+    if not args.md:
+        print(text)
+    return 0
+
+
+NAV_ANCHOR = '<li id="nav-li-regressions"><a href="#/regressions">Regressions</a></li>'
+
+
+def link_from_dashboard(page_file: Path) -> bool:
+    """Add a "Change points" entry after asv's "Regressions" in the navigation bar of the
+    ``index.html`` beside ``page_file`` (once); False when there is no such page or entry."""
+    index = page_file.with_name("index.html")
+    if not index.is_file():
+        return False
+    text = index.read_text()
+    entry = f'<li id="nav-li-changes"><a href="{html.escape(page_file.name)}">Change points</a></li>'
+    if entry in text:
+        return True
+    if NAV_ANCHOR not in text:
+        return False
+    index.write_text(text.replace(NAV_ANCHOR, NAV_ANCHOR + entry, 1))
+    return True
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, revs = text.partition("=")
+    if not sep or not name or not revs:
+        raise ValueError(f"--line {text!r}: expected NAME=REVS, e.g. main=main")
+    return name, revs
+
+
+if __name__ == "__main__":
+    sys.exit(main())
