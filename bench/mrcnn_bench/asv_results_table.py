@@ -73,12 +73,20 @@ def _subject(repo: Path, commit: str) -> str:
     return done.stdout.strip()[:60] if done.returncode == 0 else ""
 
 
+def line_of_commits(repo: Path, revs: str) -> list[str]:
+    """Full hashes of ``git rev-list --reverse REVS`` in ``repo``: oldest first; ValueError naming
+    git's first line of complaint when git cannot."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", revs], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+    if done.returncode != 0:
+        first = (done.stderr.strip().splitlines() or ["no output"])[0]
+        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {first}")
+    return done.stdout.split()
+
+
 def commits(repo: Path, revs: str) -> set[str]:
     """The full hashes ``git rev-list REVS`` lists in ``repo``; ValueError when git cannot read REVS."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", revs], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {done.stderr.strip()}")
-    return set(done.stdout.split())
+    return set(line_of_commits(repo, revs))
 
 
 def table(results: Path, machine: str, repo: Path | None = None, only: set[str] | None = None) -> pd.DataFrame:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -77,16 +76,6 @@ def read_csv(path: Path) -> Series:
     if not series:
         raise ValueError(f"{path}: a header and no rows")
     return series
-
-
-def line_of_commits(repo: Path, revs: str) -> list[str]:
-    """Full hashes of ``git rev-list --reverse REVS``: oldest first; ValueError when git cannot."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", revs], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {first}")
-    return done.stdout.split()
 
 
 def machines(results: Path, line: Iterable[str]) -> dict[str, int]:

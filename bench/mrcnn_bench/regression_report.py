@@ -38,7 +38,7 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from mrcnn_bench import changepoints, history_series
+from mrcnn_bench import asv_results_table, changepoints, history_series
 from mrcnn_bench.changepoints import ChangePoint
 from mrcnn_bench.scratch_range import RANGES
 from mrcnn_bench.screenshots import graph_hash
@@ -190,7 +190,7 @@ def regressions(
 ) -> tuple[list[ChangePoint], list[Regression]]:
     """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), and
     a :class:`Regression` for each that is one."""
-    commits = history_series.line_of_commits(repo, revs)
+    commits = asv_results_table.line_of_commits(repo, revs)
     series, _ = history_series.read_asv(results, machine, commits)
     points = changepoints.find(series)
     try:
@@ -339,7 +339,7 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, 
     suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
     out = []
     for line, revs in lines.items():
-        commits = history_series.line_of_commits(repo, revs)
+        commits = asv_results_table.line_of_commits(repo, revs)
         branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
         for machine, count in history_series.machines(results, commits).items():
             if count < changepoints.MIN_POINTS or only not in (None, machine):

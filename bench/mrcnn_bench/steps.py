@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from mrcnn_bench import changepoints, history_series
+from mrcnn_bench import asv_results_table, changepoints, history_series
 from mrcnn_bench.changepoints import ChangePoint
 
 DEFAULT_RESULTS = "results/asv"
@@ -55,7 +55,7 @@ def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
     if args.series is not None:
         series = history_series.read_csv(args.series)
         return series, f"{args.series}: {len(series)} metric(s)"
-    line = history_series.line_of_commits(args.repo, args.revs)
+    line = asv_results_table.line_of_commits(args.repo, args.revs)
     machine = args.machine or history_series.default_machine(args.results, line, args.revs)
     series, short = history_series.read_asv(args.results, machine, line)
     if not series:
