@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +44,11 @@ def rows_of(run: int, record: dict) -> list[dict]:
             rows += [{"run": run, "figure": f"{case} {name}", "value": part["record"][key]} for name, key in FIGURES]
             rows += [{"run": run, "figure": f"{case} stage {k}", "value": v}
                      for k, v in part["record"].get("stage_ratio_median", {}).items()]
+            stage_s = part["record"].get("stage_s", {})
+            if stage_s.get("total"):  # do the stages' medians add up to the median call?
+                parts = sum(statistics.median(v) for k, v in stage_s.items() if k != "total")
+                rows.append({"run": run, "figure": f"{case} stage medians / call median",
+                             "value": parts / statistics.median(stage_s["total"])})
     for case, part in record["compiles"].items():
         if part["record"]:
             rows += [

@@ -45,7 +45,7 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--host-resolver-rules=M
          "--window-size=1400,1000", "--virtual-time-budget=15000"]
 CHROMIUM_TIMEOUT_S = 180
 # The dashboard pages a run can take (--pages); the index or the graph shows whether the scripts ran.
-PAGES = ("index", "graph", "regressions")
+PAGES = ("index", "graph", "regressions", "changes")  # changes: regression_report's page
 # What the DOM holds when a dependency failed: asv's error.html (its onerror handlers redirect
 # there), and the wording this check was asked for, should a later asv show it inline.
 FAILURE_MARKERS = ("JavaScript dependencies failed to load", "dependencies of airspeed velocity failed to load",
@@ -218,8 +218,10 @@ def main(argv: list[str] | None = None) -> int:
         with serve(args.html_dir) as base:
             urls = {"index": "index.html", "graph": "index.html" + graph_hash(index, graphed, chosen),
                     "regressions": "index.html#regressions"
-                    + (f"?branch={_encode(chosen['branch'])}" if "branch" in chosen else "")}
-            pages = {name: urls[name] for name in PAGES if name in taken}
+                    + (f"?branch={_encode(chosen['branch'])}" if "branch" in chosen else ""),
+                    "changes": "changes.html"}
+            pages = {name: urls[name] for name in PAGES if name in taken
+                     and (name != "changes" or (args.html_dir / "changes.html").is_file())}
             for name, page in pages.items():
                 chromium_run(f"--screenshot={args.out / (name + '.png')}", base + page)
             for name in ("index", "graph"):

@@ -62,10 +62,16 @@ def test_spread_summary_of_repeated_runs(tmp_path):
             "first_result_s": 1.0,
             "peak_memory_gb": 1.0,
             "loadavg_after": 0.5,
+            "stage_ratio_median": {"backbone": ratio + 0.1},
+            "stage_s": {"backbone": [0.1, 0.3, 0.2], "outside": [0.1, 0.1, 0.1], "total": [0.25, 0.4, 0.3]},
         }
-        run = {"timing": {"static/eager": _part(record)}, "compiles": {}, "accuracy": _part(skipped=True)}
+        run = {"timing": {"static/eager": _part(record)}, "compiles": {}, "accuracy": _part(skipped=True),
+               "wall_s": 100.0 * k}
         (tmp_path / f"run_{k}.json").write_text(json.dumps(run))
     table = module.summarise(tmp_path)
+    assert table.loc["static/eager stage backbone", "median"] == pytest.approx(1.1)
+    assert table.loc["static/eager stage medians / call median", "median"] == pytest.approx(0.3 / 0.3)
+    assert table.loc["measurement wall_s", "median"] == 200.0
     assert table.loc["static/eager ratio", "spread"] == pytest.approx(0.03 / 1.00)
     assert table.loc["static/eager seconds", "spread"] == pytest.approx(0.10 / 0.25)
     assert table.loc["static/eager ratio", "cv"] == pytest.approx(np.std([1.00, 1.02, 0.99], ddof=1) / np.mean(
