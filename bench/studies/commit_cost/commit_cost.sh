@@ -15,6 +15,7 @@ py=${PY:-$root/.venv/bin/python}
 fixture=${MRCNN_ASV_FIXTURE:-$root/.asv/fixtures}
 [ -f "$fixture/model.pt" ] || { echo "commit_cost: no accuracy fixture in $fixture: run make asv-fixture" >&2; exit 2; }
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the measurements run in their own checkouts
 export PJRT_DEVICE=CPU MRCNN_ASV_FIXTURE=$fixture
 
 measure() {  # $1: checkout to measure (its mrcnn and its harness), $2: log
@@ -23,13 +24,13 @@ measure() {  # $1: checkout to measure (its mrcnn and its harness), $2: log
     {
         echo "# $(date -u +%FT%TZ), $(git -C "$tree" rev-parse --short HEAD), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)," \
              "family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
-        cd "$tree" && PYTHONPATH="$tree:$tree/bench" /usr/bin/time -f "%e s total" "$py" -c '
+        (cd "$tree" && PYTHONPATH="$tree:$tree/bench" /usr/bin/time -f "%e s total" "$py" -c '
 import json
 from mrcnn_bench.history import measure_commit
 r = measure_commit().to_dict()
 print(json.dumps({k: {c: p["seconds"] for c, p in v.items()} for k, v in r.items() if k != "accuracy"}))
 print("accuracy", r["accuracy"]["seconds"], r["accuracy"]["record"])
-' 2>&1
+' 2>&1)
     } > "$log.part" && mv "$log.part" "$log"
     tail -1 "$log"
 }
