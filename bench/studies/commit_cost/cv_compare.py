@@ -1,0 +1,69 @@
+"""The A/A coefficient of variation of each held ratio, side by side for several A/A studies, with
+95% intervals: is one way of measuring a commit noisier than another?
+
+    python bench/studies/commit_cost/cv_compare.py LABEL=DIR [LABEL=DIR ...] [--out FILE.md]
+
+Each DIR is an A/A study's folder (``spread.csv`` of ``bench/tools/history_spread.py``). The
+interval of a coefficient of variation from n runs is the chi-square interval of a standard
+deviation, (n - 1) s^2 / sigma^2 ~ chi2(n - 1), scaled by the mean: with 3 or 5 runs it is wide,
+and the table says so rather than ranking two values that it cannot tell apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+from scipy import stats
+
+RATIOS = ("static/eager", "static/xla", "static/inductor", "static/train", "torchvision/eager")
+
+
+def cv_interval(cv: float, runs: int) -> tuple[float, float]:
+    """95% interval of a coefficient of variation estimated from ``runs`` values (chi-square)."""
+    if runs < 2 or not math.isfinite(cv):
+        return math.nan, math.nan
+    df = runs - 1
+    return cv * math.sqrt(df / stats.chi2.ppf(0.975, df)), cv * math.sqrt(df / stats.chi2.ppf(0.025, df))
+
+
+def row(label: str, folder: Path) -> dict[str, str]:
+    table = pd.read_csv(folder / "spread.csv", index_col=0)
+    runs = sum(c.startswith("run ") for c in table.columns)
+    out = {"study": f"{label} ({runs} runs)"}
+    for case in RATIOS:
+        name = f"{case} ratio"
+        if name not in table.index:
+            out[case] = "-"
+            continue
+        cv = float(table.loc[name, "cv"])
+        low, high = cv_interval(cv, runs)
+        out[case] = f"{cv:.2%} ({low:.2%}-{high:.2%})"
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("studies", nargs="+", metavar="LABEL=DIR")
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
+    args = parser.parse_args(argv)
+    rows = []
+    for text in args.studies:
+        label, sep, folder = text.partition("=")
+        if not sep or not (Path(folder) / "spread.csv").is_file():
+            print(f"cv_compare: {text!r}: expected LABEL=DIR with DIR/spread.csv", file=sys.stderr)
+            return 2
+        rows.append(row(label, Path(folder)))
+    text = ("A/A coefficient of variation of each ratio to the ruler (95% chi-square interval)\n\n"
+            + pd.DataFrame(rows).to_markdown(index=False) + "\n")
+    print(text)
+    if args.out:
+        args.out.write_text(f"`python bench/studies/commit_cost/cv_compare.py {' '.join(args.studies)}`\n\n{text}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
