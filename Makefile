@@ -67,9 +67,9 @@ lint: $(STAMP)
 # (bench/tools/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
-# The steps range: a 3% and a 5% slowdown, each confined to one stage, among 7 commits that change
+# The steps range: a 3% and a 5% slowdown, each confined to one stage, among 27 commits that change
 # no code; its base (main's 70c91c7) is measured too, as the first level's first point.
-STEPS_RANGE := asv-steps~9^..asv-steps
+STEPS_RANGE := asv-steps~29^..asv-steps
 # asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
 # another host or another fixture start a series of their own. Named when a recipe runs, after
 # asv-fixture has made the fixture, by one call that also registers it; its failure (no fixture:
@@ -109,7 +109,8 @@ asv-table: $(STAMP)
 asv-scratch-run: asv-fixture asv-scratch
 	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
 
-# The steps range: is a 3% or a 5% step found at its commit, with its stage (9 commits and the base).
+# The steps range: is a 3% or a 5% step found at its commit, with its stage (29 commits and the base,
+# about 2.5 hours; resumable).
 asv-steps-run: asv-fixture asv-scratch
 	$(ASV_RUN) --show-stderr --skip-existing-commits $(STEPS_RANGE)
 

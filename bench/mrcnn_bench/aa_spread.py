@@ -68,7 +68,7 @@ def rows_of(run: int, record: dict) -> list[dict]:
 
 
 def summarise(out: Path) -> pd.DataFrame:
-    runs = sorted(out.glob("run_*.json"))
+    runs = sorted(out.glob("run_*.json"), key=lambda p: int(p.stem.removeprefix("run_")))  # run_10 after run_9
     rows = [r for k, path in enumerate(runs, 1) for r in rows_of(k, json.loads(path.read_text()))]
     table = pd.DataFrame(rows).pivot(index="figure", columns="run", values="value")
     table.columns = [f"run {c}" for c in table.columns]

@@ -119,11 +119,12 @@ def test_anchor_must_occur_once():
 def test_the_steps_range_slows_one_stage_per_commit_among_noops(source_repo):
     steps = scratch.STEPS
     commits = scratch.expected(source_repo, steps)  # a throwaway object directory: nothing written
-    assert [c["kind"] for c in commits] == ["noop"] * 2 + ["slowdown"] + ["noop"] * 2 + ["slowdown"] + ["noop"] * 3
+    kinds = [c["kind"] for c in commits]
+    assert kinds == ["noop"] * 11 + ["slowdown"] + ["noop"] * 11 + ["slowdown"] + ["noop"] * 5
     slow = [c for c in commits if c["kind"] == "slowdown"]
     assert [(c["stage"], c["designed_pct"]) for c in slow] == [("backbone", 3.0), ("mask_head", 5.0)]
-    assert all(c["subject"].startswith(f"steps {i + 1}/9 [{c['kind']}]: ") for i, c in enumerate(commits))
-    assert steps.revs == "asv-steps~9^..asv-steps"  # the base is measured: the first level has 3 commits
+    assert all(c["subject"].startswith(f"steps {i + 1}/29 [{c['kind']}]: ") for i, c in enumerate(commits))
+    assert steps.revs == "asv-steps~29^..asv-steps"  # the base is measured: the first level has 12 commits
     files = {"backbone": "mrcnn/backbone.py", "mask_head": "mrcnn/mask_head.py"}
     with scratch.throwaway_objects(scratch.Git(source_repo)) as git:
         built = scratch.build(git, steps)
