@@ -339,7 +339,11 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, 
     suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
     out = []
     for line, revs in lines.items():
-        commits = asv_results_table.line_of_commits(repo, revs)
+        try:
+            commits = asv_results_table.line_of_commits(repo, revs)
+        except ValueError as e:  # a range not built here (make asv-scratch builds both)
+            out.append(Section(line, "-", error=str(e)))
+            continue
         branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
         for machine, count in history_series.machines(results, commits).items():
             if count < changepoints.MIN_POINTS or only not in (None, machine):
