@@ -111,8 +111,10 @@ asv-scratch-run: asv-fixture asv-scratch
 
 # The steps range: is a 3% or a 5% step found at its commit, with its stage (29 commits and the base,
 # about 2.5 hours; resumable).
+# Measured with its levels interleaved (asv_scratch.py --measure-order), so a partial run is balanced.
 asv-steps-run: asv-fixture asv-scratch
-	$(ASV_RUN) --show-stderr --skip-existing-commits $(STEPS_RANGE)
+	mkdir -p .asv && $(PY) bench/tools/asv_scratch.py --range steps --measure-order > .asv/steps_commits.txt
+	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/steps_commits.txt
 
 # The latency gate's error rates through its own code path (live compares; hours; resumable).
 latency-study: $(STAMP)

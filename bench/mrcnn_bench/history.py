@@ -133,7 +133,7 @@ def measure_commit(
 
     ``budget_s``: seconds of timed rounds per shared process; ``processes``: how many of those.
     """
-    from mrcnn_bench.context import CONTEXT_CACHE_ENV
+    from mrcnn_bench.context import CONTEXT_CACHE_ENV  # context loads torch: asv imports this module to list the suite
 
     skipped = {c: Part(None, f"{c}: {r}", 0.0, skipped=True) for c in cases if (r := CASES[c].skip_reason())}
     inference = [c for c in cases if CASES[c].phase == "inference" and c not in skipped]

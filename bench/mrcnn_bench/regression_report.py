@@ -31,6 +31,7 @@ import html
 import json
 import math
 import statistics
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from mrcnn_bench import asv_results_table, changepoints, history_series
+from mrcnn_bench import asv_regressions, asv_results_table, changepoints, history_series
 from mrcnn_bench.changepoints import ChangePoint
 from mrcnn_bench.scratch_range import RANGES
 from mrcnn_bench.screenshots import graph_hash
@@ -161,8 +162,6 @@ def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noi
 def git_commit(repo: Path, commit: str) -> tuple[str, str, str]:
     """(full hash, first parent, subject) of ``commit``; ``(commit, commit + "^", "")`` when git
     does not know it."""
-    import subprocess
-
     done = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H%x00%P%x00%s", commit, "--"],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0 or "\0" not in done.stdout:
@@ -330,13 +329,10 @@ class Section:
 def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, float], dashboard: str,
              html_dir: Path | None, only: str | None = None) -> list[Section]:
     """A :class:`Section` for each line and each machine (``only``, when given) with enough of its commits."""
-    from mrcnn_bench.asv_regressions import flags as asv_flags
-    from mrcnn_bench.asv_results_table import suite_versions
-
     suite_path = results / "benchmarks.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
-    flagged = asv_flags(html_dir) if html_dir and (html_dir / "regressions.json").is_file() else []
-    suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
+    flagged = asv_regressions.flags(html_dir) if html_dir and (html_dir / "regressions.json").is_file() else []
+    asv_results_table.suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
     out = []
     for line, revs in lines.items():
         try:

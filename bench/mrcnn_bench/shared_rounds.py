@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn_bench import timing
-from mrcnn_bench.cases import Case
+from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Case
+from mrcnn_bench.history import compiled
 from mrcnn_bench.interleaved import CaseRecord, quartiles
 
 # Seconds of timed rounds per process; with a commit's processes this gives each case about as many
@@ -77,7 +78,7 @@ def measure_shared(
     import torch
 
     from mrcnn_bench import backends
-    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Row
+    from mrcnn_bench.cases import Row
     from mrcnn_bench.context import ContextOptions, make_context
     from mrcnn_bench.pipelines import Pipeline
     from mrcnn_bench.probes import case_flops
@@ -203,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, NotImplementedError) as e:
         print(f"mrcnn_bench.shared_rounds: {e}", file=sys.stderr)
         return 2
-    from mrcnn_bench.compile_probe import jsonable
+    from mrcnn_bench.compile_probe import jsonable  # compile_probe loads torch: --help should not wait for it
 
     out = {"timing": {n: r.to_dict() for n, r in records.items()}, "compiles": compiles}
     args.out.write_text(json.dumps(out, indent=1, default=jsonable))
@@ -215,9 +216,7 @@ def compile_probes(case_names: Sequence[str]) -> dict[str, dict[str, Any]]:
     this process and before anything else is built: each backend's counters are then the probe's own
     (XLA's count process-wide; only the XLA case uses XLA here, only the inductor case dynamo), and
     the first call of each size is cold, so the counts are those of a fresh process."""
-    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD
-    from mrcnn_bench.compile_probe import measure_case
-    from mrcnn_bench.history import compiled
+    from mrcnn_bench.compile_probe import measure_case  # loads torch and the commit's mrcnn: not for --help
 
     probed = [n for n in case_names if n in CASES and CASES[n].skip_reason() is None and compiled(n)]
     return {n: measure_case(n, QUICK_WORKLOAD.preset) for n in probed}

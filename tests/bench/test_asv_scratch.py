@@ -132,3 +132,11 @@ def test_the_steps_range_slows_one_stage_per_commit_among_noops(source_repo):
         for c in built:
             changed = git.run("diff-tree", "--no-commit-id", "--name-only", "-r", c["hash"]).split()
             assert changed == ([files[c["stage"]]] if c["kind"] == "slowdown" else [scratch.STEPS_NOTES])
+
+
+def test_the_levels_are_measured_in_turn():
+    line = ["b", "n1", "n2", "s1", "n3", "s2", "n4", "n5", "n6"]
+    kinds = ["noop", "noop", "noop", "slowdown", "noop", "slowdown", "noop", "noop", "noop"]
+    order = scratch.measure_order(line, kinds)
+    assert order == ["b", "s1", "s2", "n1", "n3", "n4", "n2", "n5", "n6"]
+    assert sorted(order) == sorted(line)
