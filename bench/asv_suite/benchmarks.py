@@ -143,11 +143,15 @@ class Stages(_Commit):
 
     def setup(self, cache: Cache, case: str, stage: str) -> None:
         _skip_unless_measured(cache, "timing", case)
-        if stage not in (_part(cache, "timing", case).record or {}).get("stage_ratio_median", {}):
+        record = _part(cache, "timing", case).record
+        if record is not None and stage not in record.get("stage_ratio_median", {}):
             raise NotImplementedError(f"{case}: stage {stage} not measured")
 
     def track_ratio(self, cache: Cache, case: str, stage: str) -> float:
-        return float(_part(cache, "timing", case).record["stage_ratio_median"][stage])
+        part = _part(cache, "timing", case)
+        if part.record is None:  # the measurement failed: asv shows it failed, never a number
+            raise RuntimeError(part.error or "no record")
+        return float(part.record["stage_ratio_median"][stage])
 
     track_ratio.unit = RATIO_UNIT.replace("in the same rounds", "same stage, same calls")
 

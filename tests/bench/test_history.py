@@ -203,6 +203,9 @@ def test_asv_suite_reads_one_record_per_commit(suite):
     stages.setup(cache, "static/eager", "backbone")
     assert stages.track_ratio(cache, "static/eager", "backbone") == 1.25
     assert suite.STAGED == ["torchvision/eager", "static/eager"]  # the eager cases: compiled ones have no stages
+    with pytest.raises(RuntimeError, match="boom"):  # a failed measurement fails its stages too, never skips them
+        stages.setup(cache, "static/xla", "backbone")
+        stages.track_ratio(cache, "static/xla", "backbone")
     assert accuracy.track_box_error(cache) == pytest.approx(0.2)
     assert accuracy.track_mask_error(cache) == pytest.approx(0.4)
     for method in (suite.Latency.track_ratio, suite.Training.track_ratio):
