@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[2]
 # Option destinations that name where a command writes (not what it reads).
 OUTPUT_DESTS = frozenset({"out", "out_dir", "output", "accuracy_out", "json", "data", "results"})
 # Recipe words of the Makefile that name where a target writes.
-MAKE_OUTPUT_FLAGS = ("--out", "--accuracy-out", "--benchmark-json")
+MAKE_OUTPUT_FLAGS = ("--out", "--accuracy-out", "--benchmark-json", "--md", "--html")
 
 # Where a default may write into the committed tree: path prefix -> why.
 ALLOWED = {
@@ -49,6 +49,8 @@ MAKE_ALLOWED = {
     "asv-table": ("results/asv/", "the held figures per commit, beside asv's results they summarise"),
     "asv-spread": ("results/asv/", "the A/A spread of one commit: asv results"),
     "latency-study": ("results/", "a study: the latency gate's error rates, its evidence under results/"),
+    "asv-publish": ("results/", "the regression report beside asv's results (results/asv/regressions_report.md, "
+                                "committed) and its dashboard page in results/html (built, git-ignored)"),
 }
 # Every other target writes under one of these (both git-ignored).
 MAKE_OUTPUT_ROOTS = ("out/", ".asv/")
