@@ -44,8 +44,8 @@ from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Case
 from mrcnn_bench.history import compiled
 from mrcnn_bench.interleaved import CaseRecord, quartiles
 
-# Seconds of timed rounds per process; with a commit's processes this gives each case about as many
-# rounds as one process per case with 40 s did (results/asv/README.md, "Shared rounds").
+# Seconds of timed rounds of one process run by hand; a commit's measurement passes its own
+# (mrcnn_bench.history.SHARED_BUDGET_S: why, and the rounds it buys, in results/asv/README.md).
 DEFAULT_BUDGET_S = 20.0
 MIN_ROUNDS, MAX_ROUNDS = 5, 200
 RULER = "ruler"
