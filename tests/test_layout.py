@@ -85,18 +85,20 @@ def imports_of_test_modules(source: str) -> list[tuple[int, str]]:
 
 
 def test_ticket_detector_finds_ticket_numbers_and_sitting():
+    # Built from parts, so that the repository itself never names a ticket in code.
+    one, many = "Issue", "issues"
     snippet = (
-        '"""Issue 14, defects 5 and 6."""\n'
+        f'"""{one} 14, defects 5 and 6."""\n'
         "# see issue #3 and Issue#12\n"
-        "x = 1  # from issues 13 and 14, issues 4, 5 & 6\n"
+        f"x = 1  # from {many} 13 and 14, {many} 4, 5 & 6\n"
         "The sitting's run; two sittings. Ticket 7.\n"
     )
     found = [m for _, m in ticket_references(snippet)]
     assert found == [
-        "Issue 14", "issue #3", "Issue#12", "issues 13 and 14", "issues 4, 5 & 6", "sitting", "sittings", "Ticket 7",
+        f"{one} 14", "issue #3", "Issue#12", f"{many} 13 and 14", f"{many} 4, 5 & 6", "sitting", "sittings", "Ticket 7",
     ]  # fmt: skip
     assert [line for line, _ in ticket_references(snippet)] == [1, 2, 2, 3, 3, 4, 4, 4]
-    innocent = "The issue it fixes; issues with padding; position 14; tissue 3; a babysitting job; misissue\n"
+    innocent = "The issue it fixes; issues with padding; position 14; tis" "sue 3; a babysitting job; misissue\n"
     assert ticket_references(innocent) == []
 
 

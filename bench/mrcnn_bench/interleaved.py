@@ -138,9 +138,10 @@ def interleave(
     return seconds["case"], seconds["ruler"]
 
 
-def rounds_for(round_s: float, budget_s: float) -> int:
-    """Rounds of ``round_s`` seconds (one case call and one ruler call) that fit in ``budget_s``."""
-    return max(MIN_ROUNDS, min(MAX_ROUNDS, math.ceil(budget_s / max(round_s, 1e-9))))
+def rounds_for(round_s: float, budget_s: float, least: int = MIN_ROUNDS, most: int = MAX_ROUNDS) -> int:
+    """Rounds of ``round_s`` seconds (the ruler's call and the case's) that fit in ``budget_s``, from
+    ``least`` to ``most``."""
+    return max(least, min(most, math.ceil(budget_s / max(round_s, 1e-9))))
 
 
 def measure(

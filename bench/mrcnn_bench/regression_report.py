@@ -183,6 +183,11 @@ def graph_url(dashboard: str, suite: dict | None, metric: str, machine: str, bra
                                                                            "branch": branch})
 
 
+def branch_of(line: str) -> str:
+    """The git branch asv draws ``line`` on: main, a range's branch, or the line's own name."""
+    return RANGES[line].branch if line in RANGES else line
+
+
 def regressions(
     line: str, revs: str, machine: str, results: Path, repo: Path, noise: dict[str, float],
     dashboard: str = "", suite: dict | None = None,
@@ -198,7 +203,7 @@ def regressions(
         stage_series = {}
     stage_points = changepoints.find(stage_series) if stage_series else []
     position = {c[:8]: i for i, c in enumerate(commits)}
-    branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
+    branch = branch_of(line)
     out = []
     for p in points:
         if p.direction != "regression":
@@ -340,7 +345,7 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, 
         except ValueError as e:  # a range not built here (make asv-scratch builds both)
             out.append(Section(line, "-", error=str(e)))
             continue
-        branch = "main" if line == "main" else RANGES[line].branch if line in RANGES else line
+        branch = branch_of(line)
         for machine, count in history_series.machines(results, commits).items():
             if count < changepoints.MIN_POINTS or only not in (None, machine):
                 continue

@@ -42,18 +42,13 @@ from typing import Any
 from mrcnn_bench import timing
 from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Case
 from mrcnn_bench.history import compiled
-from mrcnn_bench.interleaved import CaseRecord, quartiles
+from mrcnn_bench.interleaved import CaseRecord, quartiles, rounds_for
 
 # Seconds of timed rounds of one process run by hand; a commit's measurement passes its own
 # (mrcnn_bench.history.SHARED_BUDGET_S: why, and the rounds it buys, in results/asv/README.md).
 DEFAULT_BUDGET_S = 20.0
 MIN_ROUNDS, MAX_ROUNDS = 5, 200
 RULER = "ruler"
-
-
-def rounds_for(round_s: float, budget_s: float) -> int:
-    """Rounds of ``round_s`` seconds (the ruler and one call of each case) that fit in ``budget_s``."""
-    return max(MIN_ROUNDS, min(MAX_ROUNDS, math.ceil(budget_s / max(round_s, 1e-9))))
 
 
 def _stage_ratio(case: Sequence[float], ruler: Sequence[float]) -> float:
@@ -111,7 +106,7 @@ def measure_shared(
         first[name], _ = timing.timed(pipelines[name].call, 0)
     calls: dict[str, Callable[[int], Any]] = {RULER: ruler.call, **{n: p.call for n, p in pipelines.items()}}
     warm = [sum(timing.timed(call, index)[0] for call in calls.values()) for index in range(1, workload.images + 1)]
-    rounds = rounds or rounds_for(statistics.median(warm), budget_s)
+    rounds = rounds or rounds_for(statistics.median(warm), budget_s, MIN_ROUNDS, MAX_ROUNDS)
 
     hooked = {RULER: ruler.model, **{n: p.model for n, p in pipelines.items() if staged(CASES[n])}}
     sums: dict[str, dict[str, float]] = {name: {} for name in hooked}
