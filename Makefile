@@ -14,7 +14,7 @@ CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
 .PHONY: venv otava-env bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
-	asv-spread asv-publish asv-serve latency-study clean
+	asv-spread asv-publish asv-serve latency-study gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,13 @@ bench-quick: $(STAMP)
 # The one merge gate: compile counts exactly, and the CI-sized accuracy gate.
 gate: $(STAMP)
 	$(VENV)/bin/mrcnn-bench gate --out $(CI_OUT)/gate.json --accuracy-out $(CI_OUT)/accuracy-ci
+
+# Everything that needs a CUDA GPU, in one go (docs/gpu_tpu.md); exit 2 where there is none. GPU
+# machines bring their own torch build, so the source tree runs with the python that has torch:
+# .venv's where one was made, else python3 (pycocotools may need installing beside it).
+GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
+gpu-check:
+	PYTHONPATH=$(CURDIR):$(CURDIR)/bench $(GPU_PYTHON) -m mrcnn_bench.cli gpu-check --out out/gpu-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,7 @@
     mrcnn-bench steps [--machine NAME | --series FILE.csv] [--json]      change points of the history
     mrcnn-bench report FILE_OR_DIR... [--out out/report]                 tables, plots, dashboard
     mrcnn-bench check-benchmarks out/ci/benchmarks.json [--expect CASES] CI: did the quick cases run?
+    mrcnn-bench gpu-check [--out out/gpu-check]                          everything that needs a CUDA GPU
     mrcnn-bench list [--json]                                            cases, presets, backends on this machine
     mrcnn-bench export-db RUN.json... --out FILE                         PyTorch benchmark database (v3) records
 
@@ -74,6 +75,7 @@ DEBUG_ENV = debug_variable(PROG)  # =1: also print an internal error's traceback
 LAZY_COMMANDS = {
     "accuracy-gate": ("mrcnn_bench.accuracy_gate", "train or evaluate a recipe and gate its box and mask AP"),
     "export-time": ("mrcnn_bench.export_timing", "time torch.export and AOTInductor builds of the model"),
+    "gpu-check": ("mrcnn_bench.gpu_check", "the CUDA tests, rows, fp16 training and AOTInductor on a GPU, in one go"),
     "steps": ("mrcnn_bench.steps", "change points of the history across commits (asv results or a CSV of series)"),
 }
 

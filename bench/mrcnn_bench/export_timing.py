@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import statistics
 import sys
@@ -32,9 +33,10 @@ from mrcnn.export import DeployableMaskRCNN, DeployedModel, ExportMeta, load_exp
 from mrcnn.export.cli import usable_cores
 from mrcnn.export.compare import check_images, check_outputs, describe_check, mismatches
 from mrcnn.model import MaskRCNN
+from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights
-from mrcnn_bench import timing
+from mrcnn_bench import backends, timing
 
 
 @dataclass(frozen=True)
@@ -97,14 +99,17 @@ def package_metas(packages: tuple[str, ...]) -> dict[str, tuple[str, ExportMeta]
 
 
 def eager_model(meta: ExportMeta, opts: ExportTimeOptions) -> nn.Module:
-    """The model the packages were exported from, with ``opts.ops_impl`` ops."""
+    """The model the packages were exported from, with ``opts.ops_impl`` ops, on their device."""
     cfg = meta.cfg.replace(ops_impl=opts.ops_impl)
     weights: Any = opts.weights if opts.weights else synthetic_weights(cfg, seed=opts.seed)
-    return load_torchvision_weights(MaskRCNN(cfg).eval(), weights)
+    return load_torchvision_weights(MaskRCNN(cfg).eval(), weights).to(meta.device)
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str, dict[str, float]]:
+def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int, dev: torch.device | None = None
+                     ) -> dict[str, dict[str, float]]:
     """Round-robin timing (order rotated each round) -> per function, median and IQR of wall seconds.
+
+    ``dev``: each timed call waits for the work it queued there (CUDA launches kernels asynchronously).
 
     Also the fastest call and the median process CPU seconds per call (all threads), which a busy
     shared machine disturbs less than the median wall time. The quartiles are those of
@@ -117,7 +122,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str
     for _, names in timing.schedule(list(fns), "rotate", rounds):
         for n in names:
             c0 = time.process_time()
-            seconds, _ = timing.timed(fns[n])
+            seconds, _ = timing.timed(_synced(fns[n], dev))
             times[n].append(seconds)
             cpu[n].append(time.process_time() - c0)
     out = {}
@@ -128,16 +133,28 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int) -> dict[str
     return out
 
 
+def _synced(fn: Callable[[], Any], dev: torch.device | None) -> Callable[[], Any]:
+    if dev is None or dev.type == "cpu":
+        return fn
+
+    def call() -> Any:
+        result = fn()
+        backends.sync(dev)
+        return result
+
+    return call
+
+
 def load_timed(paths: dict[str, str], images: list[Tensor]) -> tuple[dict[str, DeployedModel], dict[str, Any]]:
     """Load each package and call it once: the packages, and ``load_s`` / ``first_result_s`` per format."""
     loaded: dict[str, DeployedModel] = {}
     report: dict[str, Any] = {"first_result_s": {}, "load_s": {}}
     for fmt, path in paths.items():
         since_load = timing.Stopwatch()
-        loaded[fmt] = load_exported(path)
+        deployed = loaded[fmt] = load_exported(path)
         report["load_s"][fmt] = since_load.elapsed()
-        batch = loaded[fmt].image_batch(images[: loaded[fmt].meta.batch_size])
-        loaded[fmt](batch.tensors, batch.image_sizes)
+        batch = deployed.image_batch(images[: deployed.meta.batch_size])
+        _synced(functools.partial(deployed, batch.tensors, batch.image_sizes), torch.device(deployed.meta.device))()
         report["first_result_s"][fmt] = since_load.elapsed()
     return loaded, report
 
@@ -154,14 +171,14 @@ def check_and_time(model: nn.Module, paths: dict[str, str], images: list[Tensor]
     with torch.no_grad():
         rows: dict[str, Callable[[], Any]] = {"eager (ops_impl=tensor)": lambda: wrapper(*args)}
         if model.cfg.ops_impl != "tensor":
-            model_batch = to_image_batch(images[: meta.batch_size], model.cfg.replace(canvases=(meta.canvas,)),
-                                         meta.batch_size)
+            model_batch = ImageBatch(*(t.to(meta.device) for t in to_image_batch(
+                images[: meta.batch_size], model.cfg.replace(canvases=(meta.canvas,)), meta.batch_size)))
             rows[f"eager (ops_impl={model.cfg.ops_impl})"] = lambda: model(model_batch)
         for fmt, deployed in loaded.items():
             rows[fmt] = lambda deployed=deployed: deployed(*args)
         for fn in rows.values():  # one warm-up each
             fn()
-        report["latency"] = time_interleaved(rows, rounds)
+        report["latency"] = time_interleaved(rows, rounds, torch.device(meta.device))
     return report
 
 

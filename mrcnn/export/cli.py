@@ -47,6 +47,7 @@ class ExportOptions:
     sample_image: Canvas | None = None  # size of DIR/sample.ppm to write, if any
     check: bool = False  # compare each package's outputs with eager
     threads: int | None = None  # torch threads; None: the usable cores
+    device: str = "cpu"  # where the packages run: cpu or cuda (an AOTInductor package is built for one)
 
 
 def parse_canvas(text: str, flag: str = "--canvas") -> Canvas:
@@ -83,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--check", action="store_true",
                         help="load each package and compare its outputs with eager (timing: mrcnn-bench export-time)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="device the packages are built for and run on (default: cpu)")
     # Timing moved to the harness; the flag stays so that old command lines get a pointer there.
     parser.add_argument("--rounds", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -91,6 +94,8 @@ def options_from_args(args: argparse.Namespace) -> ExportOptions:
     """Validated :class:`ExportOptions`; ValueError naming the bad flag."""
     if args.rounds is not None:
         raise ValueError("--rounds: timing moved to the benchmark harness: run `mrcnn-bench export-time PACKAGE...`")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is visible")
     cfg = get_config(args.preset)
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if not formats or set(formats) - set(FORMATS):
@@ -107,6 +112,7 @@ def options_from_args(args: argparse.Namespace) -> ExportOptions:
         sample_image=parse_canvas(args.sample_image, "--sample-image") if args.sample_image else None,
         check=args.check,
         threads=args.threads,
+        device=args.device,
     )
 
 
@@ -128,10 +134,10 @@ def _model(opts: ExportOptions) -> nn.Module:
     else:
         _log(f"weights: synthetic (seed {opts.seed}) ...")
         weights = synthetic_weights(opts.cfg, seed=opts.seed)
-    model = load_torchvision_weights(MaskRCNN(opts.cfg).eval(), weights)
+    model = load_torchvision_weights(MaskRCNN(opts.cfg).eval(), weights).to(opts.device)
     h, w = opts.canvas
     _log(f"model ready in {time.perf_counter() - t0:.1f} s; exporting {opts.cfg.name} for canvas {h}x{w}, "
-         f"batch size {opts.batch_size}")
+         f"batch size {opts.batch_size}, on {opts.device}")
     return model
 
 

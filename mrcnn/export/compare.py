@@ -65,11 +65,15 @@ def check_images(canvas: Canvas, batch_size: int, seed: int = 0, ppm: str | Path
     return (images * batch_size)[:batch_size]
 
 
+def _cpu(outputs: Sequence[Tensor]) -> tuple[Tensor, ...]:
+    return tuple(t.cpu() for t in outputs)
+
+
 def check_outputs(model: nn.Module, packages: Mapping[str, DeployedModel], images: list[Tensor]) -> dict[str, Any]:
     """Outputs of each package (name -> loaded package) against eager on ``images``.
 
     The images go through the first package's transform (its canvas, padded to its batch size);
-    every package and eager get that same batch. Returns, per package name, ``max_abs_diff``
+    every package and eager get that same batch, each on its own device. Returns, per package name, ``max_abs_diff``
     (:func:`max_abs_diff`), ``valid_equal`` (same valid [B, K] flags) and ``matched``
     (:func:`match_outputs`); and ``num_valid``, the eager model's number of valid detections.
     """
@@ -77,10 +81,11 @@ def check_outputs(model: nn.Module, packages: Mapping[str, DeployedModel], image
     batch = first.image_batch(images[: first.meta.batch_size])
     args = (batch.tensors, batch.image_sizes)
     report: dict[str, Any] = {"max_abs_diff": {}, "valid_equal": {}, "matched": {}}
-    with torch.no_grad():
-        eager = DeployableMaskRCNN(tensor_ops_model(model.eval()))(*args)
+    model_device = next(model.parameters()).device
+    with torch.no_grad():  # compared on the CPU: the model and a package may sit on different devices
+        eager = _cpu(DeployableMaskRCNN(tensor_ops_model(model.eval()))(*(a.to(model_device) for a in args)))
         for name, deployed in packages.items():
-            out = deployed(*args)
+            out = _cpu(deployed(*args))
             report["max_abs_diff"][name] = max_abs_diff(eager, out)
             report["valid_equal"][name] = bool(torch.equal(eager[4], out[4]))
             report["matched"][name] = match_outputs(eager, out)

@@ -99,7 +99,8 @@ class DeployedModel:
         return Detections(boxes, scores, labels, masks, valid & batch.valid.to(valid.device)[:, None])
 
     def image_batch(self, images: list[Tensor]) -> ImageBatch:
-        """to_image_batch on the package's canvas, padded to its batch size; ValueError if one does not fit."""
+        """to_image_batch on the package's canvas, padded to its batch size, on its device; ValueError if one
+        does not fit."""
         h, w = self.meta.canvas
         if isinstance(images, Tensor) or not images:
             raise ValueError("expected a non-empty list of [3, H, W] images")
@@ -113,7 +114,8 @@ class DeployedModel:
                         f"image {i} ({img.shape[-2]}x{img.shape[-1]}) resizes to {rh}x{rw}, which does not fit "
                         f"this package's canvas {h}x{w} (HxW); export a package for a larger canvas"
                     )
-        return to_image_batch(list(images), self.cfg.replace(canvases=((h, w),)), self.meta.batch_size)
+        batch = to_image_batch(list(images), self.cfg.replace(canvases=((h, w),)), self.meta.batch_size)
+        return ImageBatch(*(t.to(self.meta.device) for t in batch))
 
     def predict(self, images: list[Tensor]) -> list[dict[str, Tensor]]:
         """torchvision-style inference on any number of images, ``batch_size`` at a time."""

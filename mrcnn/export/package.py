@@ -34,7 +34,8 @@ def save_exported(ep: torch.export.ExportedProgram, path: str | os.PathLike, met
 
 
 def compile_aoti(ep: torch.export.ExportedProgram, path: str | os.PathLike, meta: ExportMeta) -> Path:
-    """AOTInductor-compile ``ep`` for the CPU and package it (with its weights) at ``path``."""
+    """AOTInductor-compile ``ep`` for the device its weights are on (CPU or CUDA) and package it, with its
+    weights, at ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = dataclasses.replace(meta, format="aoti")
@@ -77,8 +78,8 @@ def build_packages(
         info["paths"]["exported"] = str(save_exported(ep, out_dir / f"{stem}.exported.pt2", meta))
         info["save_s"] = time.perf_counter() - t0
     if "aoti" in formats:
-        if device.type != "cpu":
-            raise ValueError(f"AOTInductor packages are built for the CPU here; the model is on {device}")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"AOTInductor packages are built for the CPU or CUDA here; the model is on {device}")
         log("AOTInductor: compiling and packaging (minutes on 2 cores) ...")
         t0 = time.perf_counter()
         info["paths"]["aoti"] = str(compile_aoti(ep, out_dir / f"{stem}.aoti.pt2", meta))
