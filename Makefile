@@ -35,9 +35,12 @@ otava-env: $(OTAVA_STAMP)
 # Every row over the default stream (8 sizes by a rule of the seed: mrcnn_bench.cases.stream_sizes),
 # 16 rounds = each image timed twice; then a few rows on one fixed size; one report over both.
 BENCH_FIXED_CASES := torchvision/eager,torchvision/inductor,static/eager,static/inductor
+# An interrupted make bench left its rounds journaled: the same make bench resumes them.
+resume_if_journal = $(if $(wildcard out/bench/$(1).rounds.jsonl),--resume)
 bench: $(STAMP)
-	$(VENV)/bin/mrcnn-bench run --out out/bench --name stream_tiny --rounds 16
-	$(VENV)/bin/mrcnn-bench run --out out/bench --name fixed_tiny --image-size 240x320 --cases $(BENCH_FIXED_CASES)
+	$(VENV)/bin/mrcnn-bench run --out out/bench --name stream_tiny --rounds 16 $(call resume_if_journal,stream_tiny)
+	$(VENV)/bin/mrcnn-bench run --out out/bench --name fixed_tiny --image-size 240x320 --cases $(BENCH_FIXED_CASES) \
+		$(call resume_if_journal,fixed_tiny)
 	$(VENV)/bin/mrcnn-bench report out/bench/stream_tiny.json out/bench/fixed_tiny.json --out out/bench
 
 test: unit bench-quick gate

@@ -254,11 +254,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from mrcnn_bench import journal, records, report, runner, store  # lazy: loads torch
 
     opts = run_options(args)
-    name = args.name or f"run_{opts.workload.preset}"
-    if args.resume and not args.out:
-        raise ValueError("--resume continues a run written with --out: give the same --out (and --name)")
-    if args.out:
-        opts.journal, opts.resume = journal.path_for(args.out, name), args.resume
+    name = journal.check_name(args.name or f"run_{opts.workload.preset}")
+    opts.resume = args.resume
+    opts.journal, _lock = journal.open_for_run(args.out, name, args.resume, args.start_over)  # held while it runs
     out = runner.run(opts)
     doc = records.to_document(out.rows, out.info, name, store.environment(out.info.threads, opts.seed))
     if args.out:  # the run file first: a failure below (a plot, printing the table) cannot lose the measurements
@@ -385,6 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true",
                    help="continue the interrupted run of the same --out, --name and options: every row is set "
                         "up and warmed up again, then the remaining rounds are timed")
+    p.add_argument("--start-over", action="store_true", help="discard the finished rounds of an interrupted run "
+                   "of the same --out and --name (without it, or --resume, such a run is refused)")
     p.set_defaults(func=cmd_run, stream=True)  # run's default workload: a stream (run_workload)
 
     about = (f"B against A, flagged when slower by more than the threshold: {defaults.TEST}, Holm-corrected "

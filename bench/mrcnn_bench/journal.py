@@ -7,13 +7,20 @@ flushed to disk before the next round starts, so a run killed at any moment (SIG
 machine) leaves every finished round readable; a torn last line is ignored on reading.
 
 ``--resume`` reads the file back (:func:`read`), refuses one written by a different run, and the
-runner continues from the next round after setting up and warming up every row again.
+runner continues from the next round after setting up and warming up every row again; a torn last
+line is cut before the first new line is appended. A run without ``--resume`` refuses to start over
+a journal that holds finished rounds unless told to (:func:`check_fresh`), and one process at a time
+holds a journal (:func:`hold`): a second run of the same ``--out`` and ``--name`` is refused.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
+import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +28,72 @@ from typing import Any
 SUFFIX = ".rounds.jsonl"
 
 
+# A run's name is a file stem inside --out: no folder separators, no "..", nothing hidden.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def check_name(name: str, what: str = "--name") -> str:
+    """``name`` if it is a plain file stem, else ValueError: a name becomes paths inside --out."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
+        raise ValueError(f"{what} must be a file stem of letters, digits, '.', '_' and '-' (it names the files "
+                         f"written inside --out), got {name!r}")
+    return name
+
+
 def path_for(out_dir: str | Path, name: str) -> Path:
-    return Path(out_dir) / f"{name}{SUFFIX}"
+    return Path(out_dir) / f"{check_name(name)}{SUFFIX}"
+
+
+def hold(path: Path) -> Any:
+    """An exclusive lock on the journal at ``path`` for as long as the returned file stays open (the
+    process's life, at most). ValueError naming the holder when another process has it.
+
+    The lock file lives in the temporary folder, named by a hash of the journal's absolute path, so
+    nothing is added to the output folder (which may be a tracked one).
+    """
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    lock_path = Path(tempfile.gettempdir()) / "mrcnn-bench-locks" / f"{digest}.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    f = lock_path.open("a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ValueError(f"{path} is being written by {holder}: one run per --out and --name at a time "
+                         "(wait for it, or give another --name)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()}")
+    f.flush()
+    return f
+
+
+def open_for_run(out: str | None, name: str, resume: bool, start_over: bool) -> tuple[Path | None, Any]:
+    """The journal of a run with ``--out``/``--name`` (None without --out) and its lock (:func:`hold`),
+    checked before anything is measured; ValueError for flags that do not fit together or a journal
+    that must not be overwritten (:func:`check_fresh`)."""
+    if (resume or start_over) and not out:
+        raise ValueError("--resume and --start-over act on a run written with --out: give the same --out (and --name)")
+    if resume and start_over:
+        raise ValueError("--resume continues the journal, --start-over discards it: give one")
+    if not out:
+        return None, None
+    path = path_for(out, name)
+    lock = hold(path)
+    if not resume:
+        check_fresh(path, start_over)
+    return path, lock
+
+
+def check_fresh(path: Path, start_over: bool) -> None:
+    """Before a run without --resume: ValueError if ``path`` holds finished rounds and ``start_over`` is
+    false (a forgotten --resume would otherwise destroy them)."""
+    finished = sum(1 for line in read_lines(path) if line.get("kind") == "round")
+    if finished and not start_over:
+        raise ValueError(f"{path} holds {finished} finished round(s) of an interrupted run: --resume continues "
+                         "it, --start-over discards it")
 
 
 def run_key(opts: Any, threads: int) -> dict[str, Any]:
@@ -72,6 +143,8 @@ class Writer:
         if fresh:
             path.write_text("")
             self._append({"kind": "start", "key": key})
+        else:
+            cut_torn_tail(path)
 
     def _append(self, line: dict[str, Any]) -> None:
         with self.path.open("a") as f:
@@ -86,6 +159,14 @@ class Writer:
     def remove(self) -> None:
         """The finished run file holds everything: the journal would only invite a stale ``--resume``."""
         self.path.unlink(missing_ok=True)
+
+
+def cut_torn_tail(path: Path) -> None:
+    """Drop a last line that a crash left without its newline, so the next line starts on its own."""
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
 
 
 def _plain(x: Any) -> Any:

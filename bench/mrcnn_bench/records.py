@@ -24,6 +24,7 @@ import torch
 
 from mrcnn_bench.backends import Backend
 from mrcnn_bench.cases import TRAIN_BATCH, Phase, Precision, Row, Workload
+from mrcnn_bench.journal import check_name
 from mrcnn_bench.parity import aggregate_parity
 
 SCHEMA = 1
@@ -204,7 +205,8 @@ class RunDocument:
         """ValueError unless ``d`` is a run file of :data:`SCHEMA`."""
         if not isinstance(d, dict) or d.get("schema") != SCHEMA or not isinstance(d.get("records"), list):
             raise ValueError(f"not an mrcnn-bench run file (schema {SCHEMA} with 'records')")
-        return cls(d["name"], d["environment"], RunInfo.from_dict(d["run"]),
+        # The name becomes the report's file names: a path in it would write outside --out.
+        return cls(check_name(d.get("name"), "its 'name'"), d["environment"], RunInfo.from_dict(d["run"]),
                    [Record.from_dict(r) for r in d["records"]], d["schema"])
 
 

@@ -338,7 +338,8 @@ def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
         return ""
 
     df = df.rename(columns={name: short for name, (short, _) in COLUMNS.items()})
-    styled = df.style.map(colour, subset=["status", "target"]).hide(axis="index")
+    # Every cell escaped: row names, error texts and notes come from run files, which may come from anyone.
+    styled = df.style.format(escape="html").map(colour, subset=["status", "target"]).hide(axis="index")
     wrap = "white-space:normal;overflow-wrap:anywhere"
     wrapped = {COLUMNS[c][0]: [{"selector": "td", "props": f"min-width:{width};{wrap}"}]
                for c, width in _WRAPPED.items()}
@@ -347,7 +348,8 @@ def html_page(doc: RunDocument, plots: list[Path] | None = None) -> str:
     legend = "".join(f"<dt>{html.escape(short)}</dt><dd>{html.escape(meaning)}"
                      + (f" (<code>{name}</code> in the CSV)" if short != name else "") + "</dd>"
                      for name, (short, meaning) in COLUMNS.items())
-    imgs = "".join(f'<figure><img src="{p.name}" alt="{html.escape(p.stem)}"></figure>' for p in plots or [])
+    imgs = "".join(f'<figure><img src="{html.escape(p.name)}" alt="{html.escape(p.stem)}"></figure>'
+                   for p in plots or [])
     reasons = _reasons_md(doc)
     reasons_html = f"<h2>Graph breaks and recompiles</h2><pre>{html.escape(reasons)}</pre>" if reasons else ""
     notes_html = "".join(f"<p>{html.escape(n)}</p>" for n in notes(doc))

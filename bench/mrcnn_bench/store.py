@@ -14,6 +14,7 @@ import os
 import platform
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -115,9 +116,24 @@ def dumps(doc: RunDocument) -> str:
 
 
 def save(doc: RunDocument, path: Path) -> Path:
+    """Write the run file whole or not at all: a crash mid-write leaves the previous file in place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps(doc))
+    write_atomic(path, dumps(doc))
     return path
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """``path.write_text(text)`` through a temporary file in the same folder and a rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load(path: str | Path) -> RunDocument:
