@@ -11,7 +11,9 @@ backend and compiler over every run.
 
 from __future__ import annotations
 
+import dataclasses
 import html
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -71,13 +73,32 @@ def records_frame(runs: list[tuple[Path, RunDocument]]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+def unique_names(runs: list[tuple[Path, RunDocument]]) -> list[tuple[Path, RunDocument]]:
+    """Runs whose names repeat (two machines' default ``run_tiny``) renamed ``NAME-2``, ``NAME-3``...
+    in the order given, so that each gets its own page and column; says so on stderr."""
+    seen: set[str] = {doc.name for _, doc in runs}
+    counts: dict[str, int] = {}
+    out = []
+    for file, doc in runs:
+        counts[doc.name] = counts.get(doc.name, 0) + 1
+        if counts[doc.name] > 1:
+            k = counts[doc.name]
+            while f"{doc.name}-{k}" in seen:
+                k += 1
+            seen.add(new := f"{doc.name}-{k}")
+            print(f"mrcnn-bench report: {file} is also named {doc.name!r}: shown as {new!r}", file=sys.stderr)
+            doc = dataclasses.replace(doc, name=new)
+        out.append((file, doc))
+    return out
+
+
 def build(paths: list[str], out_dir: Path) -> list[Path]:
     """Reports of every run file in ``paths`` plus the merged index; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = store.load_runs(paths)
+    runs = unique_names(list({str(file): (file, doc) for file, doc in store.load_runs(paths)}.values()))
     written: list[Path] = []
     links = []
-    for doc in {str(file): doc for file, doc in runs}.values():  # a file given twice is reported once
+    for _, doc in runs:  # a file given twice is reported once
         written += report.write(doc, out_dir)
         env = doc.environment
         links.append(f'<li><a href="{html.escape(doc.name)}.html">{html.escape(doc.name)}</a>: '
@@ -91,7 +112,7 @@ def build(paths: list[str], out_dir: Path) -> list[Path]:
     cold = merged_frame([doc for _, doc in runs], value="first_pass")
     recorded = any(report.first_pass(r) == report.first_pass(r) for _, doc in runs for r in doc.records)
     cold_html = cold.to_html() if recorded else "<p>None of these run files recorded it (they predate it).</p>"
-    summary = report.geomean_frame([doc.records for doc in {str(file): doc for file, doc in runs}.values()])
+    summary = report.geomean_frame([doc.records for _, doc in runs])
     index = out_dir / "index.html"
     index.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>mrcnn-bench dashboard</title>
 <style>body{{font-family:system-ui,sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:13px}}

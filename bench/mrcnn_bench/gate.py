@@ -31,6 +31,7 @@ present on one side only, a case absent from the baseline. Exit codes: 0 passed,
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -180,6 +181,15 @@ def load_compile_baseline(path: Path, preset: str) -> dict[str, Any]:
         raise ValueError(f"{path}: not a gate baseline (no cases)")
     if doc.get("preset", preset) != preset:
         raise ValueError(f"{path} holds preset {doc['preset']!r}, not {preset!r}: the counts are not comparable")
+    for name, entry in cases.items():
+        # Checked before anything is measured: a NaN count compares false both ways and would pass.
+        if not isinstance(entry, dict) or not any(m in entry for m in GATED):
+            raise ValueError(f"{path}: case {name!r} holds no gated metric ({', '.join(GATED)})")
+        for metric in GATED:
+            v = entry.get(metric)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                                  or v < 0):
+                raise ValueError(f"{path}: case {name!r}: {metric} must be a finite count >= 0, got {v!r}")
     return cases
 
 

@@ -87,6 +87,17 @@ def test_gate_cannot_decide_on_a_metric_missing_from_one_side(tmp_path, capsys, 
     assert "static/inductor: recompiles is missing" in out and "gate passed" not in out
 
 
+@pytest.mark.parametrize("doctored", [float("nan"), -1, "2", True, None])
+def test_a_baseline_count_that_is_not_a_count_is_refused_before_measuring(tmp_path, capsys, fake_measure, doctored):
+    """NaN compares false both ways: a baseline of NaN counts passed every comparison (exit 0)."""
+    entry = {**INDUCTOR, "unique_graphs": doctored} if doctored is not None else "2 graphs"
+    baseline = write_baseline(tmp_path / "gate.json", {"static/inductor": entry})
+    assert gate_cli(baseline, "--cases", "static/inductor") == 2
+    err = capsys.readouterr().err
+    assert "static/inductor" in err and "gate.json" in err and "Traceback" not in err
+    assert fake_measure.calls == [], "refused before anything was measured"
+
+
 def test_check_benchmarks_expects_every_quick_case_not_what_runs_here(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("PJRT_DEVICE", raising=False)
     ran = [n for n in QUICK if n != "static/xla"]
@@ -182,7 +193,7 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
     """Per subcommand: a wrong argument, and a missing input file."""
     absent = str(tmp_path / "absent")
     return {
-        "run": [["--rounds", "-1"], ["--weights", absent + ".pt"]],
+        "run": [["--rounds", "-1"], ["--weights", absent + ".pt"], ["--out", str(tmp_path), "--name", "../escape"]],
         "compare": [["a.json", "b.json", "--bogus"], [absent + "_a.json", absent + "_b.json"], [absent, "."]],
         "gate": [["--cases", "static/nope"], ["--accuracy", "none", "--baseline", absent + ".json"]],
         "accuracy-gate": [["--bogus"], ["--checkpoint", absent + ".pt"]],
@@ -192,6 +203,7 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
         "export-db": [["--bogus", absent], [absent + ".json", "--out", str(tmp_path / "db.json")]],
         "list": [["--bogus"], ["unexpected"]],
         "steps": [["--bogus"], ["--series", absent + ".csv"]],
+        "gpu-check": [["--steps", "nope"], ["--budget-s", "0"]],
     }
 
 

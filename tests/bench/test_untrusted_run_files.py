@@ -131,3 +131,15 @@ def test_a_crash_while_saving_leaves_the_previous_run_file(tmp_path, monkeypatch
         store.save(_doc(detail="changed"), path)
     assert path.read_text() == before
     assert [p.name for p in tmp_path.iterdir()] == ["t.json"], "no temporary file left behind"
+
+
+def test_two_run_files_of_one_name_get_a_page_each(tmp_path):
+    for machine in ("a", "b"):
+        store.save(_doc(name="run_tiny"), tmp_path / machine / "run_tiny.json")
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "report", str(tmp_path / "a" / "run_tiny.json"),
+                           str(tmp_path / "b" / "run_tiny.json"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "shown as 'run_tiny-2'" in proc.stderr
+    assert (tmp_path / "out" / "run_tiny.html").is_file() and (tmp_path / "out" / "run_tiny-2.html").is_file()
+    assert "run_tiny-2.html" in (tmp_path / "out" / "index.html").read_text()
