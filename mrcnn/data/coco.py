@@ -144,12 +144,33 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# Pillow's 16-bit greyscale modes (PNG, TIFF): convert("RGB") clips them at 255 instead of scaling.
+_SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
+
+
+def rgb8(pil: Image.Image) -> np.ndarray:
+    """[H, W, 3] uint8 RGB of an opened image, as COCO tools read it (no EXIF rotation).
+
+    16-bit greyscale keeps its high byte (scaled, not clipped); palette, 1-bit, greyscale, alpha and
+    CMYK go through Pillow's own conversion. ValueError for 32-bit integer or float pixels, whose
+    range no file states.
+    """
+    if pil.mode in _SIXTEEN_BIT:
+        grey = (np.asarray(pil).astype(np.uint32) >> 8).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    if pil.mode in ("I", "F"):
+        kind = "integer" if pil.mode == "I" else "float"
+        raise ValueError(f"32-bit {kind} pixels (mode {pil.mode}) have no stated range: save it as 8 or 16 bits")
+    return np.asarray(pil.convert("RGB"))
+
+
 class CocoDataset(Dataset):
     """A COCO-layout data set: ``root/annotations/instances_<split>.json`` and ``root/<split>/``.
 
     Each item is ``(image, target)``:
 
-    - image: [3, H, W] uint8, RGB, at the original size (no EXIF rotation, as COCO tools read it);
+    - image: [3, H, W] uint8, RGB, at the original size (no EXIF rotation, as COCO tools read it; any
+      mode Pillow opens, 16-bit greyscale scaled to 8 bits: :func:`rgb8`);
     - target: ``image_id`` (int), ``boxes`` [N, 4] float32 (x1, y1, x2, y2) in original pixels,
       clipped to the image; ``labels`` [N] int64; ``masks`` [N, H, W] uint8 0/1; ``iscrowd`` [N]
       uint8; ``area`` [N] float32 (COCO's); ``ann_ids`` [N] int64. Crowds only if ``include_crowd``.
@@ -379,7 +400,7 @@ class CocoDataset(Dataset):
         path = self.image_dir / info["file_name"]
         try:
             with Image.open(path) as pil:
-                array = np.asarray(pil.convert("RGB"))
+                array = rgb8(pil)
         except FileNotFoundError:
             raise ImageDecodeError(f"{path} (image id {info['id']}): file not found") from None
         except (OSError, ValueError, Image.DecompressionBombError) as e:
