@@ -14,6 +14,7 @@ stopped (SIGSTOP, its whole process group) except during its own calls, so nothi
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import math
 import os
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,6 +88,25 @@ def timed_call(pipeline: Pipeline, index: int) -> CallResult:
     return seconds, result, peak, peak - before
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def dies_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when this process dies (Linux; None
+    elsewhere). A killed harness would otherwise leave its workers behind, and a worker stopped with
+    SIGSTOP between calls ignores every signal but SIGKILL."""
+    if not sys.platform.startswith("linux"):
+        return None
+    parent = os.getpid()
+
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the parent died before the request: nobody would send it
+            os._exit(1)
+
+    return arm
+
+
 class WorkerRow:
     """A row run by ``python -m mrcnn_bench.worker`` in its own process group, stopped between calls.
 
@@ -120,6 +141,7 @@ class WorkerRow:
             [sys.executable, "-m", "mrcnn_bench.worker", str(self.workdir), str(self.dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             start_new_session=True,  # its own process group: killing it kills inductor's compile workers too
+            preexec_fn=dies_with_parent(),
         )
         msg = self._receive()
         if msg.get("event") != "ready":
