@@ -16,6 +16,7 @@ from torchvision.ops import FrozenBatchNorm2d
 
 from mrcnn.config import Config, get_config
 from mrcnn.reference import torchvision_model
+from mrcnn.torch_files import read_torch_file
 
 
 def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | str | os.PathLike) -> nn.Module:
@@ -27,9 +28,12 @@ def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | s
     if isinstance(weights, (str, os.PathLike)):
         if not os.path.isfile(weights):
             raise ValueError(f"weights file not found: {weights}")
-        weights = torch.load(weights, map_location="cpu", weights_only=True)
+        path = weights
+        weights = read_torch_file(path, "weights file")
         if isinstance(weights, Mapping) and "model" in weights and isinstance(weights["model"], Mapping):
             weights = weights["model"]  # torchvision reference-script checkpoints
+        if not isinstance(weights, Mapping) or not all(isinstance(v, Tensor) for v in weights.values()):
+            raise ValueError(f"{path}: not a state_dict (a mapping of parameter names to tensors)")
     own = model.state_dict()
     # torchvision's FrozenBatchNorm2d drops BatchNorm's step counter when loading; so do we. It is
     # present when the checkpoint came from a model trained with ordinary BatchNorm.

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mrcnn.torch_files import read_torch_file
+
 _CHECKPOINT_RE = re.compile(r"checkpoint_(\d+)\.pt$")
 
 
@@ -48,7 +50,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """The contents of a checkpoint file, or of a folder's latest checkpoint (on the CPU)."""
-    return torch.load(resolve_checkpoint(path), map_location="cpu", weights_only=True)
+    path = resolve_checkpoint(path)
+    state = read_torch_file(path, "checkpoint")
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a checkpoint (a dict written by mrcnn train), got {type(state).__name__}")
+    return state
 
 
 def atomic_save(obj: Any, path: Path) -> None:

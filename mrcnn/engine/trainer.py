@@ -19,6 +19,7 @@ so N steps straight and k steps + resume + N - k steps give the same losses and 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import time
@@ -142,10 +143,31 @@ class Trainer:
             )
 
     def resume(self, path: str | Path) -> None:
-        """Continue from a checkpoint file, or a folder's latest checkpoint."""
+        """Continue from a checkpoint file, or a folder's latest checkpoint; ValueError (before anything
+        is loaded) for a file that is not a checkpoint of this run's model, config and implementation."""
         found = resolve_checkpoint(path)
-        self.load_state_dict(load_checkpoint(found))
+        ckpt = load_checkpoint(found)
+        self.check_resumable(ckpt, found)
+        self.load_state_dict(ckpt)
         self.state.last_checkpoint = found
+
+    def check_resumable(self, ckpt: dict[str, Any], path: Path) -> None:
+        """ValueError unless ``ckpt`` is a checkpoint of :meth:`state_dict` with this config and impl: a
+        different --set or --impl would otherwise continue as if it were the same run."""
+        absent = [k for k in ("model", "optimizer", "scheduler", "step", "epoch", "offset", "rng") if k not in ckpt]
+        if absent:
+            raise ValueError(f"--resume: {path} is not a checkpoint of mrcnn train (no {', '.join(absent)}); "
+                             "to start from its weights, use --weights")
+        theirs, ours = ckpt.get("config"), json.loads(json.dumps(dataclasses.asdict(self.cfg)))
+        if isinstance(theirs, dict):
+            theirs = json.loads(json.dumps(theirs))  # tuples as lists, as in ours
+            differ = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted({*theirs, *ours})
+                      if theirs.get(k) != ours.get(k)]
+            if differ:
+                raise ValueError(f"--resume: {path} was trained with another config ({'; '.join(differ[:4])}): "
+                                 "give its --preset and --set, or start a new run in another --out")
+        if ckpt.get("impl", self.options.impl) != self.options.impl:
+            raise ValueError(f"--resume: {path} was trained with --impl {ckpt['impl']}, not {self.options.impl}")
 
     # -- the loop ---------------------------------------------------------------------------------
 
