@@ -58,6 +58,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mrcnn.config import Config
+from mrcnn.data.images import rgb8
 
 LabelMode = Literal["contiguous", "category_id"]
 
@@ -142,26 +143,6 @@ def _finite_sum(values: list[Any]) -> bool:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-# Pillow's 16-bit greyscale modes (PNG, TIFF): convert("RGB") clips them at 255 instead of scaling.
-_SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
-
-
-def rgb8(pil: Image.Image) -> np.ndarray:
-    """[H, W, 3] uint8 RGB of an opened image, as COCO tools read it (no EXIF rotation).
-
-    16-bit greyscale keeps its high byte (scaled, not clipped); palette, 1-bit, greyscale, alpha and
-    CMYK go through Pillow's own conversion. ValueError for 32-bit integer or float pixels, whose
-    range no file states.
-    """
-    if pil.mode in _SIXTEEN_BIT:
-        grey = (np.asarray(pil).astype(np.uint32) >> 8).astype(np.uint8)
-        return np.repeat(grey[..., None], 3, axis=2)
-    if pil.mode in ("I", "F"):
-        kind = "integer" if pil.mode == "I" else "float"
-        raise ValueError(f"32-bit {kind} pixels (mode {pil.mode}) have no stated range: save it as 8 or 16 bits")
-    return np.asarray(pil.convert("RGB"))
 
 
 class CocoDataset(Dataset):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mrcnn.data.coco import CocoDataset, ImageDecodeError, rgb8
+from mrcnn.data.coco import CocoDataset, ImageDecodeError
+from mrcnn.data.images import rgb8
 
 
 def _dataset(tmp_path, image: Image.Image, name: str = "a.png") -> CocoDataset:
