@@ -200,8 +200,17 @@ def read(path: Path, key: dict[str, Any]) -> Journal:
         raise ValueError(f"--resume: {path} is from a different run ({', '.join(differ)} differ); "
                          "give the same options as the interrupted run")
     journal = Journal(theirs)
-    for line in lines[1:]:
+    for number, line in enumerate(lines[1:], start=2):
         if line.get("kind") == "round" and line.get("round") == len(journal.rounds):
-            journal.rounds.append({name: RowRound(**r) for name, r in line["rows"].items()})
-            journal.machine.append(line["machine"])
+            try:
+                rows = {name: RowRound(**r) for name, r in line["rows"].items()}
+            except (TypeError, AttributeError, KeyError) as e:
+                raise ValueError(f"--resume: {path} line {number} is not a round of this harness ({e})") from None
+            wrong = [n for n, r in rows.items() if r.seconds is not None and not (
+                isinstance(r.seconds, (int, float)) and 0 <= r.seconds < float("inf"))]
+            if wrong:
+                raise ValueError(f"--resume: {path} line {number}: seconds of {', '.join(wrong)} are not a time "
+                                 "(finite, >= 0)")
+            journal.rounds.append(rows)
+            journal.machine.append(line.get("machine", {}))
     return journal

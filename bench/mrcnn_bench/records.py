@@ -134,8 +134,18 @@ class Record:
         if unknown:
             raise ValueError(f"not a record: unknown key(s) {unknown}")
         values = {k: (NAN if v is None and k in _FLOAT_FIELDS else v) for k, v in d.items() if k in _FIELD_NAMES}
+        bad = [k for k in _FLOAT_FIELDS & set(values) if not _is_number(values[k])]
+        if bad:
+            raise ValueError(f"record {d.get('row')!r}: {', '.join(sorted(bad))} must be numbers or null")
+        times = values.get("times_s", [])
+        if not isinstance(times, list) or not all(_is_number(t) and math.isfinite(t) and t >= 0 for t in times):
+            raise ValueError(f"record {d.get('row')!r}: times_s must be a list of seconds (finite, >= 0)")
         env = {k[len("env_"):]: v for k, v in d.items() if k.startswith("env_")}
         return cls(**values, env=env)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 _FIELDS = [f for f in dataclasses.fields(Record) if f.name != "env"]

@@ -143,3 +143,28 @@ def test_two_run_files_of_one_name_get_a_page_each(tmp_path):
     assert "shown as 'run_tiny-2'" in proc.stderr
     assert (tmp_path / "out" / "run_tiny.html").is_file() and (tmp_path / "out" / "run_tiny-2.html").is_file()
     assert "run_tiny-2.html" in (tmp_path / "out" / "index.html").read_text()
+
+
+@pytest.mark.parametrize("times", [[0.1, None], [-0.1, 0.2], [float("nan")], "0.1", [True]])
+def test_a_run_file_whose_times_are_not_times_is_refused(tmp_path, times):
+    raw = json.loads(store.dumps(_doc()))
+    raw["records"][0]["times_s"] = times
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"run\.json: record 'static/eager': times_s must be a list of seconds"):
+        store.load(path)
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "report", str(path), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "times_s" in proc.stderr and "internal error" not in proc.stderr
+
+
+@pytest.mark.parametrize(("row", "problem"), [({"status": "ok", "seconds": float("nan")}, "not a time"),
+                                              ({"status": "ok", "seconds": -1.0}, "not a time"),
+                                              ({"status": "ok", "bogus": 1}, "not a round")])
+def test_a_journal_round_that_is_not_a_round_is_refused(tmp_path, row, problem):
+    path = tmp_path / "r.rounds.jsonl"
+    _journal(path, 1)
+    with path.open("a") as f:
+        f.write(json.dumps({"kind": "round", "round": 1, "machine": {}, "rows": {"a": row}}) + "\n")
+    with pytest.raises(ValueError, match=rf"line 3.*{problem}"):
+        journal.read(path, {"k": 1})
