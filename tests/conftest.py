@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+# The packages the tests build go on an allow-list of their own, not the user's (mrcnn.export.trust).
+os.environ.setdefault("MRCNN_TRUSTED_PACKAGES", os.path.join(tempfile.mkdtemp(prefix="mrcnn-tests-"), "trusted.txt"))
 
 import pytest
 import torch

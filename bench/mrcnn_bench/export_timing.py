@@ -32,6 +32,7 @@ from mrcnn.exits import guarded
 from mrcnn.export import DeployableMaskRCNN, DeployedModel, ExportMeta, load_exported, read_meta, tensor_ops_model
 from mrcnn.export.cli import usable_cores
 from mrcnn.export.compare import check_images, check_outputs, describe_check, mismatches
+from mrcnn.export.trust import check_trusted
 from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
@@ -51,6 +52,7 @@ class ExportTimeOptions:
     ops_impl: str = "auto"  # ops of the second eager row (and of the synthetic weights' calibration)
     threads: int | None = None  # torch threads; None: the usable cores
     out: str | None = None  # write the report here as JSON
+    trust: bool = False  # load packages that are not on this user's allow-list (mrcnn.export.trust)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ops of the second eager row (default: auto, the presets' own)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the report as JSON")
+    parser.add_argument("--trust-package", action="store_true",
+                        help="load packages this user's mrcnn export did not build: a package runs code when loaded")
 
 
 def options_from_args(args: argparse.Namespace) -> ExportTimeOptions:
@@ -78,7 +82,8 @@ def options_from_args(args: argparse.Namespace) -> ExportTimeOptions:
     if args.weights is not None and not Path(args.weights).is_file():
         raise ValueError(f"--weights: no such file: {args.weights}")
     return ExportTimeOptions(packages=tuple(args.packages), weights=args.weights, seed=args.seed, image=args.image,
-                             rounds=args.rounds, ops_impl=args.ops_impl, threads=args.threads, out=args.out)
+                             rounds=args.rounds, ops_impl=args.ops_impl, threads=args.threads, out=args.out,
+                             trust=args.trust_package)
 
 
 def package_metas(packages: tuple[str, ...]) -> dict[str, tuple[str, ExportMeta]]:
@@ -145,13 +150,14 @@ def _synced(fn: Callable[[], Any], dev: torch.device | None) -> Callable[[], Any
     return call
 
 
-def load_timed(paths: dict[str, str], images: list[Tensor]) -> tuple[dict[str, DeployedModel], dict[str, Any]]:
+def load_timed(paths: dict[str, str], images: list[Tensor], trust: bool = False
+               ) -> tuple[dict[str, DeployedModel], dict[str, Any]]:
     """Load each package and call it once: the packages, and ``load_s`` / ``first_result_s`` per format."""
     loaded: dict[str, DeployedModel] = {}
     report: dict[str, Any] = {"first_result_s": {}, "load_s": {}}
     for fmt, path in paths.items():
         since_load = timing.Stopwatch()
-        deployed = loaded[fmt] = load_exported(path)
+        deployed = loaded[fmt] = load_exported(path, trust)
         report["load_s"][fmt] = since_load.elapsed()
         batch = deployed.image_batch(images[: deployed.meta.batch_size])
         _synced(functools.partial(deployed, batch.tensors, batch.image_sizes), torch.device(deployed.meta.device))()
@@ -159,10 +165,11 @@ def load_timed(paths: dict[str, str], images: list[Tensor]) -> tuple[dict[str, D
     return loaded, report
 
 
-def check_and_time(model: nn.Module, paths: dict[str, str], images: list[Tensor], rounds: int) -> dict[str, Any]:
+def check_and_time(model: nn.Module, paths: dict[str, str], images: list[Tensor], rounds: int,
+                   trust: bool = False) -> dict[str, Any]:
     """Time to first result of each package, its outputs against eager, then latency per row, interleaved."""
     tensor_model = tensor_ops_model(model.eval())
-    loaded, report = load_timed(paths, images)
+    loaded, report = load_timed(paths, images, trust)
     report.update(check_outputs(tensor_model, loaded, images))
     meta = next(iter(loaded.values())).meta
     batch = next(iter(loaded.values())).image_batch(images[: meta.batch_size])
@@ -201,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         opts = options_from_args(args)
         metas = package_metas(opts.packages)
+        for path, _ in metas.values():  # refused here, before anything is built or loaded
+            check_trusted(path, opts.trust)
         torch.set_num_threads(opts.threads or usable_cores())
         meta = next(iter(metas.values()))[1]
         images = check_images(meta.canvas, meta.batch_size, opts.seed, opts.image)
@@ -208,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"mrcnn-bench export-time: error: {e}", file=sys.stderr)
         return 2
-    report = check_and_time(model, {fmt: path for fmt, (path, _) in metas.items()}, images, opts.rounds)
+    report = check_and_time(model, {fmt: path for fmt, (path, _) in metas.items()}, images, opts.rounds, opts.trust)
     report.update(packages={fmt: path for fmt, (path, _) in metas.items()}, meta=dataclasses.asdict(meta),
                   threads=torch.get_num_threads(), torch=torch.__version__, options=dataclasses.asdict(opts))
     report["mismatches"] = mismatches(report)

@@ -32,8 +32,8 @@ memory out of bounds).
 Modules: :mod:`~mrcnn.export.core` (signature, metadata, export), :mod:`~mrcnn.export.checks`
 (C++-only ops), :mod:`~mrcnn.export.package` (writing and reading package files),
 :mod:`~mrcnn.export.deployed` (:func:`load_exported` -> :class:`DeployedModel`, callable like the
-model),
-:mod:`~mrcnn.export.compare` (outputs against eager), :mod:`~mrcnn.export.ppm` (images for the
+model), :mod:`~mrcnn.export.trust` (packages are code: only those this user built load, unless
+trusted), :mod:`~mrcnn.export.compare` (outputs against eager), :mod:`~mrcnn.export.ppm` (images for the
 C++ example) and :mod:`~mrcnn.export.cli` (``mrcnn export``).
 """
 
@@ -52,6 +52,7 @@ from mrcnn.export.core import (
 from mrcnn.export.deployed import DeployedModel, load_exported
 from mrcnn.export.package import build_packages, compile_aoti, package_format, read_meta, save_exported
 from mrcnn.export.ppm import read_ppm, write_ppm
+from mrcnn.export.trust import UntrustedPackageError
 
 __all__ = [
     "FORMATS",
@@ -59,6 +60,7 @@ __all__ = [
     "DeployableMaskRCNN",
     "DeployedModel",
     "ExportMeta",
+    "UntrustedPackageError",
     "aoti_extern_ops",
     "build_packages",
     "check_aoti_package",

@@ -16,6 +16,7 @@ from torch._inductor import aoti_load_package
 
 from mrcnn.export.core import META_FILE, META_KEY, ExportMeta
 from mrcnn.export.package import package_format
+from mrcnn.export.trust import check_trusted
 from mrcnn.postprocess import postprocess
 from mrcnn.structures import Detections, ImageBatch
 from mrcnn.transform import resized_size, to_image_batch
@@ -30,9 +31,10 @@ class DeployedModel:
     :attr:`meta` and raises ``ValueError`` naming what the package expected.
     """
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, trust: bool = False) -> None:
         self.path = Path(path)
-        self.format = package_format(self.path)
+        self.format = package_format(self.path)  # reads the archive's file names only
+        check_trusted(self.path, trust)  # before any loader runs code from it
         if self.format == "aoti":
             self._runner = aoti_load_package(str(self.path))
             metadata = self._runner.get_metadata()
@@ -127,6 +129,10 @@ class DeployedModel:
         return results
 
 
-def load_exported(path: str | os.PathLike) -> DeployedModel:
-    """Load a package written by :func:`save_exported` or :func:`compile_aoti` (format detected)."""
-    return DeployedModel(path)
+def load_exported(path: str | os.PathLike, trust: bool = False) -> DeployedModel:
+    """Load a package written by :func:`save_exported` or :func:`compile_aoti` (format detected).
+
+    Only a package this user built (:mod:`mrcnn.export.trust`), unless ``trust``: loading one runs
+    code from it. :class:`~mrcnn.export.trust.UntrustedPackageError` otherwise.
+    """
+    return DeployedModel(path, trust)

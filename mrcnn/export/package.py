@@ -23,6 +23,7 @@ from torch._inductor import aoti_compile_and_package
 from mrcnn.config import Canvas
 from mrcnn.export.checks import check_aoti_package
 from mrcnn.export.core import FORMATS, META_FILE, META_KEY, ExportMeta, export_model, meta_for, tensor_ops_model
+from mrcnn.export.trust import trust
 
 
 def save_exported(ep: torch.export.ExportedProgram, path: str | os.PathLike, meta: ExportMeta) -> Path:
@@ -59,6 +60,7 @@ def build_packages(
 
     Returns ``{"paths": {format: path}, "meta": ExportMeta as a dict}`` plus the seconds each
     build step took (``export_s``, ``save_s``, ``aoti_compile_s``), which ``mrcnn export`` reports.
+    Each package written goes on this user's allow-list (:mod:`mrcnn.export.trust`).
     """
     unknown = set(formats) - set(FORMATS)
     if unknown or not formats:
@@ -76,6 +78,7 @@ def build_packages(
     if "exported" in formats:
         t0 = time.perf_counter()
         info["paths"]["exported"] = str(save_exported(ep, out_dir / f"{stem}.exported.pt2", meta))
+        trust(info["paths"]["exported"])
         info["save_s"] = time.perf_counter() - t0
     if "aoti" in formats:
         if device.type not in ("cpu", "cuda"):
@@ -85,6 +88,7 @@ def build_packages(
         info["paths"]["aoti"] = str(compile_aoti(ep, out_dir / f"{stem}.aoti.pt2", meta))
         info["aoti_compile_s"] = time.perf_counter() - t0
         check_aoti_package(info["paths"]["aoti"])
+        trust(info["paths"]["aoti"])
         log(f"AOTInductor package built in {info['aoti_compile_s']:.1f} s")
     return info
 
