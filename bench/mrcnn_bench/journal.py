@@ -192,7 +192,8 @@ def read(path: Path, key: dict[str, Any]) -> Journal:
     if not path.is_file():
         raise ValueError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
     lines = read_lines(path)
-    if not lines or lines[0].get("kind") != "start":
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "start" \
+            or not isinstance(lines[0].get("key"), dict):
         raise ValueError(f"--resume: {path} is not a run journal")
     theirs, key = lines[0]["key"], json.loads(json.dumps(key, default=_plain))  # tuples as JSON lists
     differ = sorted(k for k in {*theirs, *key} if theirs.get(k) != key.get(k))
@@ -201,16 +202,30 @@ def read(path: Path, key: dict[str, Any]) -> Journal:
                          "give the same options as the interrupted run")
     journal = Journal(theirs)
     for number, line in enumerate(lines[1:], start=2):
-        if line.get("kind") == "round" and line.get("round") == len(journal.rounds):
-            try:
-                rows = {name: RowRound(**r) for name, r in line["rows"].items()}
-            except (TypeError, AttributeError, KeyError) as e:
-                raise ValueError(f"--resume: {path} line {number} is not a round of this harness ({e})") from None
+        if isinstance(line, dict) and line.get("kind") == "round" and line.get("round") == len(journal.rounds):
+            rows, machine = _round(line), line.get("machine", {})
+            if rows is None or not isinstance(machine, dict):
+                raise ValueError(f"--resume: {path} line {number} is not a round of this harness")
             wrong = [n for n, r in rows.items() if r.seconds is not None and not (
                 isinstance(r.seconds, (int, float)) and 0 <= r.seconds < float("inf"))]
             if wrong:
                 raise ValueError(f"--resume: {path} line {number}: seconds of {', '.join(wrong)} are not a time "
                                  "(finite, >= 0)")
             journal.rounds.append(rows)
-            journal.machine.append(line.get("machine", {}))
+            journal.machine.append(machine)
     return journal
+
+
+def _round(line: dict[str, Any]) -> dict[str, RowRound] | None:
+    """A round line's rows, or None when they do not have RowRound's fields and types."""
+    rows = line.get("rows")
+    if not isinstance(rows, dict) or not all(isinstance(r, dict) for r in rows.values()):
+        return None
+    try:
+        out = {str(name): RowRound(**r) for name, r in rows.items()}
+    except TypeError:
+        return None
+    ok = all(isinstance(r.status, str) and isinstance(r.detail, str) and isinstance(r.parity, list)
+             and isinstance(r.counters, dict) and (r.loss is None or isinstance(r.loss, (int, float)))
+             for r in out.values())
+    return out if ok else None
