@@ -19,6 +19,19 @@ from mrcnn.reference import torchvision_model
 from mrcnn.torch_files import read_torch_file
 
 
+def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
+    """A state_dict file (or a checkpoint holding one under "model", as torchvision's reference scripts
+    and ``mrcnn train`` write); ValueError naming the file when it is not one."""
+    if not os.path.isfile(path):
+        raise ValueError(f"weights file not found: {path}")
+    state = read_torch_file(path, "weights file")
+    if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
+        state = state["model"]
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        raise ValueError(f"{path}: not a state_dict (a mapping of parameter names to tensors)")
+    return dict(state)
+
+
 def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | str | os.PathLike) -> nn.Module:
     """Load a torchvision Mask R-CNN state_dict (or a path to one) into ``model``, strictly.
 
@@ -26,14 +39,7 @@ def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | s
     match the model's architecture (for example a v2 checkpoint into a v1 config).
     """
     if isinstance(weights, (str, os.PathLike)):
-        if not os.path.isfile(weights):
-            raise ValueError(f"weights file not found: {weights}")
-        path = weights
-        weights = read_torch_file(path, "weights file")
-        if isinstance(weights, Mapping) and "model" in weights and isinstance(weights["model"], Mapping):
-            weights = weights["model"]  # torchvision reference-script checkpoints
-        if not isinstance(weights, Mapping) or not all(isinstance(v, Tensor) for v in weights.values()):
-            raise ValueError(f"{path}: not a state_dict (a mapping of parameter names to tensors)")
+        weights = read_state_dict(weights)
     own = model.state_dict()
     # torchvision's FrozenBatchNorm2d drops BatchNorm's step counter when loading; so do we. It is
     # present when the checkpoint came from a model trained with ordinary BatchNorm.

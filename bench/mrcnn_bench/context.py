@@ -23,7 +23,7 @@ from mrcnn.config import Config, get_config
 from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.model import MaskRCNN
-from mrcnn.weights import synthetic_weights, textured_images
+from mrcnn.weights import load_torchvision_weights, read_state_dict, synthetic_weights, textured_images
 from mrcnn_bench.cases import TRAIN_BATCH, Variant, Workload
 
 Sample = tuple[Tensor, dict[str, Tensor]]  # CocoDataset-style (uint8 image [3, h, w], target dict)
@@ -106,7 +106,7 @@ def _make_context(opts: ContextOptions) -> tuple[Context, str]:
     else:
         images = textured_images((workload.image_size,) * workload.images, seed)
     if opts.weights:
-        state, desc = load_weights_file(opts.weights), f"file {opts.weights}"
+        state, desc = load_weights_file(opts.weights, cfg), f"file {opts.weights}"
     else:
         state, desc = synthetic_weights(cfg, seed=seed), f"synthetic_weights(seed={seed})"
     train: list[Sample] = []
@@ -160,24 +160,23 @@ def stream_images(sizes: tuple[tuple[int, int], ...], seed: int) -> list[tuple[T
     return out
 
 
-def load_weights_file(path: str) -> dict[str, Tensor]:
-    """A torchvision Mask R-CNN state_dict (or a training checkpoint holding one under "model")."""
-    if not Path(path).is_file():
-        raise ValueError(f"--weights {path}: no such file")
+def load_weights_file(path: str, cfg: Config) -> dict[str, Tensor]:
+    """A torchvision Mask R-CNN state_dict (or a training checkpoint holding one under "model") that
+    fits ``cfg``'s model; ValueError naming --weights otherwise (another preset, other shapes), found
+    here, before any row is set up."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"--weights {path}: not a torch state_dict ({type(e).__name__}: {e})") from None
-    if isinstance(state, dict) and isinstance(state.get("model"), dict):
-        state = state["model"]
-    if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"--weights {path}: expected a dict of tensors (a state_dict)")
+        state = read_state_dict(path)
+        load_torchvision_weights(MaskRCNN(cfg).eval(), state)
+    except ValueError as e:
+        raise ValueError(f"--weights {path}: {e}") from None
     return state
 
 
 def coco_images(root: str, count: int, split: str = "val2017") -> list[Tensor]:
     """The first ``count`` images of a COCO-layout split, as [3, h, w] floats in [0, 1]."""
     dataset = CocoDataset(root, split)
+    if len(dataset) == 0:
+        raise ValueError(f"--coco-root {root}: split {split!r} holds no images to time")
     return [dataset[i][0].float() / 255 for i in range(min(count, len(dataset)))]
 
 
