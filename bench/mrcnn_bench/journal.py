@@ -20,12 +20,15 @@ import hashlib
 import json
 import os
 import re
+import signal
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 SUFFIX = ".rounds.jsonl"
+# A fault hook for the kill tests: the round whose line is written half, then the process SIGKILLs itself.
+TEAR_ENV = "MRCNN_BENCH_TEAR_JOURNAL_AT_ROUND"
 
 
 # A run's name is a file stem inside --out: no folder separators, no "..", nothing hidden.
@@ -147,8 +150,14 @@ class Writer:
             cut_torn_tail(path)
 
     def _append(self, line: dict[str, Any]) -> None:
+        text = json.dumps(line, default=_plain) + "\n"
         with self.path.open("a") as f:
-            f.write(json.dumps(line, default=_plain) + "\n")
+            if line.get("round") is not None and os.environ.get(TEAR_ENV) == str(line["round"]):
+                f.write(text[: len(text) // 2])  # the kill tests' fault: a crash in the middle of a line
+                f.flush()
+                os.fsync(f.fileno())
+                os.kill(os.getpid(), signal.SIGKILL)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
 

@@ -1,0 +1,100 @@
+"""No finished round is lost or counted twice, however a run dies: SIGKILL at 20 seeded points (during a
+round, between rounds, in the middle of a journal line through the writer's fault hook), each followed
+by ``--resume``; and two runs racing for one name. A real row (static eager, tiny, in process) at a
+small image size keeps each cycle to seconds.
+
+After each kill, the journal's whole rounds are read: a round once finished must stay, with the same
+seconds. The final run file must hold exactly the rounds asked for, every round seen finished with
+the seconds it was journaled with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mrcnn_bench import journal
+
+ROUNDS = 60
+KILLS = 20
+ROW = "static/eager"
+ARGS = ["run", "--cases", ROW, "--image-size", "64x64", "--images", "1", "--rounds", str(ROUNDS), "--threads", "1",
+        "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress", "--in-process", "--name", "k"]
+
+
+def _start(out: Path, cache: Path, *extra: str, tear_at: int | None = None) -> subprocess.Popen:
+    env = {**os.environ, "MRCNN_CONTEXT_CACHE": str(cache)}  # the inputs made once, not in every cycle
+    if tear_at is not None:
+        env[journal.TEAR_ENV] = str(tear_at)
+    resume = ["--resume"] if journal.path_for(out, "k").is_file() else []
+    return subprocess.Popen([sys.executable, "-m", "mrcnn_bench.cli", *ARGS, "--out", str(out), *resume, *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _finished(out: Path) -> dict[int, float]:
+    """Round -> the row's seconds, of every whole round line in the journal."""
+    lines = journal.read_lines(journal.path_for(out, "k"))
+    return {line["round"]: line["rows"][ROW]["seconds"] for line in lines if line.get("kind") == "round"}
+
+
+def _wait_for_round(out: Path, proc: subprocess.Popen, target: int, limit_s: float = 120) -> None:
+    deadline = time.monotonic() + limit_s
+    while len(_finished(out)) < target and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def test_sigkill_at_twenty_points_loses_no_round_and_repeats_none(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    rng = random.Random(0)
+    seen: dict[int, float] = {}
+    kinds = []
+    for _ in range(KILLS):
+        done = len(_finished(out))
+        kind = rng.choice(["during a round", "between rounds", "mid-line"])
+        kinds.append(kind)
+        if kind == "mid-line":
+            proc = _start(out, cache, tear_at=done + rng.randint(0, 1))
+        else:
+            proc = _start(out, cache)
+            _wait_for_round(out, proc, done + rng.randint(1, 2))
+            time.sleep(rng.uniform(0.0, 0.05) if kind == "between rounds" else rng.uniform(0.05, 0.2))
+            proc.send_signal(signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == -signal.SIGKILL, (kind, proc.returncode, err)
+        now = _finished(out)
+        assert {r: now[r] for r in seen} == seen, f"a finished round was lost or rewritten after a kill {kind}"
+        assert sorted(now) == list(range(len(now))), "rounds in order, none twice"
+        seen = now
+    assert len(seen) < ROUNDS and {"during a round", "between rounds", "mid-line"} <= set(kinds)
+
+    last = _start(out, cache)
+    _, err = last.communicate(timeout=600)
+    assert last.returncode == 0, err
+    (record,) = json.loads((out / "k.json").read_text())["records"]
+    assert len(record["times_s"]) == ROUNDS
+    assert all(record["times_s"][r] == s for r, s in seen.items()), "each finished round kept, exactly once"
+    assert not journal.path_for(out, "k").exists()
+
+
+def test_two_runs_racing_for_one_name(tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    a, b = _start(out, cache), _start(out, cache)
+    _, err_b = b.communicate(timeout=300)
+    assert b.returncode in (0, 2)
+    _wait_for_round(out, a, 3)
+    a.send_signal(signal.SIGKILL)
+    _, err_a = a.communicate(timeout=120)
+    loser_err = err_b if b.returncode == 2 else err_a
+    assert "being written by process" in loser_err, (a.returncode, b.returncode, err_a, err_b)
+    before = _finished(out)
+    last = _start(out, cache)
+    _, err = last.communicate(timeout=600)
+    assert last.returncode == 0, err
+    (record,) = json.loads((out / "k.json").read_text())["records"]
+    assert len(record["times_s"]) == ROUNDS and all(record["times_s"][r] == s for r, s in before.items())
