@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 import os
 import random
+import re
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -81,6 +82,8 @@ class Case:
             raise ValueError("export and aoti cases exist for static inference only")
         if self.overrides and not self.tag:
             raise ValueError("a case with config overrides needs a tag, which names it")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]*", self.tag):  # a comma or slash would make it unselectable
+            raise ValueError(f"case tag {self.tag!r}: letters, digits, '_', '.' and '-' only (it is part of --cases)")
         # Hashable however it was given (a run file's JSON gives lists).
         object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
 

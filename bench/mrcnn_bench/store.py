@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from mrcnn_bench.records import RunDocument
+from mrcnn_bench.records import SCHEMA, RunDocument
 
 # The repository this harness lives in: bench/mrcnn_bench/store.py -> the root (git commands, results/).
 REPO = Path(__file__).resolve().parents[2]
@@ -151,8 +151,18 @@ def load(path: str | Path) -> RunDocument:
         raise ValueError(f"{path}: {e}") from None
 
 
+def _claims_schema(path: Path) -> bool:
+    """Whether ``path`` says it is a run file of today's schema (readable JSON with its ``schema``)."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and raw.get("schema") == SCHEMA
+
+
 def load_runs(paths: Iterable[str | Path]) -> list[tuple[Path, RunDocument]]:
-    """The run files given, or in the folders given (other JSON there is skipped), with their paths."""
+    """The run files given, or in the folders given (other JSON there is skipped, but a damaged run file of
+    today's schema is an error), with their paths."""
     paths = list(paths)
     runs = []
     for p in map(Path, paths):
@@ -161,9 +171,9 @@ def load_runs(paths: Iterable[str | Path]) -> list[tuple[Path, RunDocument]]:
             try:
                 runs.append((f, load(f)))
             except ValueError:
-                if p.is_dir():
+                if p.is_dir() and not _claims_schema(f):
                     continue  # other JSON in a results folder
-                raise
+                raise  # a run file that is damaged: never skipped without a word
     if not runs:
         raise ValueError(f"no mrcnn-bench run files in {list(map(str, paths))}")
     return runs

@@ -168,3 +168,22 @@ def test_a_journal_round_that_is_not_a_round_is_refused(tmp_path, row, problem):
         f.write(json.dumps({"kind": "round", "round": 1, "machine": {}, "rows": {"a": row}}) + "\n")
     with pytest.raises(ValueError, match=rf"line 3.*{problem}"):
         journal.read(path, {"k": 1})
+
+
+def test_a_damaged_run_file_in_a_folder_is_an_error_other_json_is_not(tmp_path):
+    store.save(_doc(name="good"), tmp_path / "good.json")
+    (tmp_path / "notes.json").write_text('{"other": "json"}')
+    assert [doc.name for _, doc in store.load_runs([tmp_path])] == ["good"]
+    raw = json.loads(store.dumps(_doc(name="bad")))
+    raw["records"][0]["times_s"] = None
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match=r"bad\.json"):
+        store.load_runs([tmp_path])
+
+
+@pytest.mark.parametrize("tag", ["a,b", "a/b", "a b"])
+def test_a_case_tag_that_cannot_be_selected_is_refused(tag):
+    from mrcnn_bench.cases import Case  # here: the other tests need no case machinery
+
+    with pytest.raises(ValueError, match="case tag"):
+        Case("static", tag=tag)
