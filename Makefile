@@ -70,8 +70,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # asv: every figure tracked across commits (bench/asv_suite; results/asv/README.md). Each commit
-# is measured once, each case against the ruler in its own processes (5 per inference case, 1 per
-# training case, pooled); asv-fixture trains the fixed
+# is measured once: the inference cases share one ruler's rounds in 4 processes, the training step
+# has its own (mrcnn_bench.shared_rounds); asv-fixture trains the fixed
 # checkpoint whose AP each commit's inference scores (once per machine, cached in .asv/fixtures).
 # main's history starts at the commit that landed the harness's current layout; the scratch range
 # (bench/tools/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.

@@ -356,7 +356,22 @@ def parse_cases(text: str | None) -> list[Case]:
     unknown = [n for n in names if n not in CASES]
     if unknown:
         raise ValueError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
-    return [CASES[n] for n in dict.fromkeys(names)]
+    # A user's builder that cannot load is found now, not in each row's set-up.
+    for case in (cases := [CASES[n] for n in dict.fromkeys(names)]):
+        for builder in filter(None, (IMPLEMENTATIONS[case.impl].builder, COMPILERS.get(case.compiler, ""))):
+            check_builder(builder, case.name)
+    return cases
+
+
+def check_builder(builder: str, case: str) -> None:
+    """UserCasesError unless ``builder`` ("module:function") imports and names a callable."""
+    module, function = builder.split(":", 1)
+    try:
+        found = getattr(importlib.import_module(module), function, None)
+    except (Exception, SystemExit) as e:  # the user's module: say which one, whatever it raised
+        raise UserCasesError(f"case {case}: builder {builder!r} cannot be loaded: {_one_line(e)}") from e
+    if not callable(found):
+        raise UserCasesError(f"case {case}: builder {builder!r}: {module} has no function {function!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -373,8 +388,7 @@ def register_implementation(name: str, interface: Interface, builder: str) -> No
 
 
 def register_compiler(name: str, builder: str) -> None:
-    """Make ``name`` usable as a case's ``compiler``: ``builder`` ("module:function") is a
-    :data:`mrcnn_bench.pipelines.Builder`, ``(model, case, slowdown) -> Compiled``."""
+    """Make ``name`` a case's ``compiler``: ``builder`` ("module:function"), ``(model, case, slowdown) -> Compiled``."""
     if name in COMPILERS:
         raise ValueError(f"a compiler named {name!r} is already registered")
     if ":" not in builder:
@@ -383,8 +397,7 @@ def register_compiler(name: str, builder: str) -> None:
 
 
 def add_case(case: Case, quick: bool = False, tracked: bool = False) -> Case:
-    """Add ``case`` to :data:`CASES`; ``quick``: also to :data:`QUICK` (pytest-benchmark, CI's
-    check), ``tracked``: also to :data:`TRACKED` (asv's history)."""
+    """Add ``case`` to CASES; ``quick``: to QUICK too (pytest-benchmark, CI), ``tracked``: to TRACKED (asv)."""
     global QUICK, TRACKED
     if case.name in CASES:
         raise ValueError(f"a case named {case.name!r} already exists")

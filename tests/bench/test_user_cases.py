@@ -116,3 +116,18 @@ def test_case_rules_and_round_trip():
     row = Row(case)
     assert Row.from_dict(json.loads(json.dumps(row.to_dict()))) == row and hash(row) == hash(Row(case))
     assert case.name == "static/eager+k8"
+
+
+def test_a_builder_that_does_not_load_is_refused_before_set_up(tmp_path):
+    """The module registering the case loads, but the builder it names does not: found when --cases is
+    read, in one line naming the case and the builder, not in each row's worker after set-up began."""
+    (tmp_path / "late_cases.py").write_text(
+        "from mrcnn_bench.cases import Case, add_case, register_implementation\n"
+        "register_implementation('late', interface='torchvision', builder='late_builder:make')\n"
+        "add_case(Case('late'))\n")
+    (tmp_path / "late_builder.py").write_text("raise RuntimeError('typo in my builder')\n")
+    proc = bench(["run", "--cases", "late/eager", "--rounds", "1", "--no-progress"], with_cases("late_cases", tmp_path),
+                 timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "case late/eager: builder 'late_builder:make' cannot be loaded: RuntimeError: typo in my builder" \
+        in proc.stderr
