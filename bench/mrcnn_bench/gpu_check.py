@@ -116,7 +116,7 @@ def _rows(folder: Path, opts: GpuCheckOptions) -> list[list[str]]:
     # each canvas it meets, minutes of the budget).
     return [_python("-m", "mrcnn_bench.cli", "run", "--preset", "tiny", "--image-size", ROWS_IMAGE, "--cases",
                     CUDA_CASES, "--rounds", str(opts.rounds), "--out", str(folder), "--name", "cuda_rows_tiny",
-                    "--no-progress")]
+                    "--no-progress", "--start-over")]  # a check measures afresh, over any earlier one's rounds
 
 
 def _train(folder: Path, _opts: GpuCheckOptions) -> list[list[str]]:

@@ -93,7 +93,7 @@ def open_for_run(out: str | None, name: str, resume: bool, start_over: bool) -> 
 def check_fresh(path: Path, start_over: bool) -> None:
     """Before a run without --resume: ValueError if ``path`` holds finished rounds and ``start_over`` is
     false (a forgotten --resume would otherwise destroy them)."""
-    finished = sum(1 for line in read_lines(path) if line.get("kind") == "round")
+    finished = sum(1 for line in read_lines(path) if isinstance(line, dict) and line.get("kind") == "round")
     if finished and not start_over:
         raise ValueError(f"{path} holds {finished} finished round(s) of an interrupted run: --resume continues "
                          "it, --start-over discards it")
