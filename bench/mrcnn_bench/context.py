@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import resource
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,7 +101,7 @@ def _make_context(opts: ContextOptions) -> tuple[Context, str]:
     workload, seed = opts.workload, opts.seed
     cfg = get_config(workload.preset, **opts.overrides)
     if opts.coco_root:
-        images = coco_images(opts.coco_root, workload.images, opts.coco_split)
+        images = coco_images(opts.coco_root, workload.images, opts.coco_split, cfg.box_detections_per_img)
     elif workload.sizes:
         images = [image for image, _ in stream_images(workload.sizes, seed)]
     else:
@@ -172,12 +173,61 @@ def load_weights_file(path: str, cfg: Config) -> dict[str, Tensor]:
     return state
 
 
-def coco_images(root: str, count: int, split: str = "val2017") -> list[Tensor]:
-    """The first ``count`` images of a COCO-layout split, as [3, h, w] floats in [0, 1]."""
+def coco_images(root: str, count: int, split: str = "val2017", detections: int = 100) -> list[Tensor]:
+    """The first ``count`` images of a COCO-layout split, as [3, h, w] floats in [0, 1]; ValueError
+    before any is decoded when one is too large to time here (:func:`check_paste_memory`)."""
     dataset = CocoDataset(root, split)
     if len(dataset) == 0:
         raise ValueError(f"--coco-root {root}: split {split!r} holds no images to time")
-    return [dataset[i][0].float() / 255 for i in range(min(count, len(dataset)))]
+    n = min(count, len(dataset))
+    check_paste_memory(dataset.sizes[:n], detections, available_bytes(), f"--coco-root {root}")
+    return [dataset[i][0].float() / 255 for i in range(n)]
+
+
+# The share of the memory still available that the timed images' masks may take. torchvision's
+# postprocess (and ours, for parity) pastes every detection's mask as float32 at the image's full
+# size, and the harness keeps a bool copy of each image's masks as the parity reference: at least
+# 4 bytes per pixel per detection for the largest image plus 1 for every image (a 6000x6000 image
+# with 100 detections: 18 GB), besides the decoded images themselves (float32 RGB: 12 bytes a pixel).
+PASTE_SHARE = 0.5
+
+
+def available_bytes() -> int:
+    """Memory this process may still take: the system's MemAvailable, or less under an address-space
+    limit (RLIMIT_AS, as a container or ``ulimit -v`` sets)."""
+    meminfo = {k: v for k, _, v in (line.partition(":") for line in _read("/proc/meminfo").splitlines())}
+    available = int(meminfo.get("MemAvailable", "0 kB").split()[0]) * 1024 or os.sysconf("SC_PHYS_PAGES") * 4096
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        status = {k: v for k, _, v in (line.partition(":") for line in _read("/proc/self/status").splitlines())}
+        used = int(status.get("VmSize", "0 kB").split()[0]) * 1024
+        available = min(available, soft - used)
+    return max(0, available)
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def check_paste_memory(sizes: list[tuple[int, int]], detections: int, available: int, what: str) -> None:
+    """ValueError when the masks of images of ``sizes`` (height, width), pasted at full size, would take
+    more than PASTE_SHARE of ``available`` bytes; it names the largest image and a side that fits."""
+    if not sizes:
+        return
+    largest = max(sizes, key=lambda s: s[0] * s[1])
+    pixels = sum(h * w for h, w in sizes)
+    need = detections * (4 * largest[0] * largest[1] + pixels) + 12 * pixels
+    if need > PASTE_SHARE * available:
+        side = int((PASTE_SHARE * available / (detections * (4 + len(sizes)) + 12 * len(sizes))) ** 0.5)
+        raise ValueError(
+            f"{what}: {len(sizes)} image(s) up to {largest[0]}x{largest[1]} would need {need / 2**30:.1f} GiB to "
+            f"paste their up to {detections} masks each at full size (float32, as torchvision's postprocess does, "
+            f"and a bool copy kept for parity) and hold the images, more than {PASTE_SHARE:.0%} of the "
+            f"{available / 2**30:.1f} GiB available here; images up to about {side}x{side} fit: downscale them, "
+            "time fewer (--images), or lower --set box_detections_per_img=N")
 
 
 def save_context(ctx: Context, workdir: Path) -> None:

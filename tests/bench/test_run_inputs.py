@@ -38,3 +38,49 @@ def test_an_empty_coco_split_is_refused(tmp_path):
                            "static/eager", "--rounds", "1", "--no-progress"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "holds no images" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_the_mask_memory_bound():
+    """100 detections of a 6000x6000 image: about 17 GiB of pasted masks and image; refused with 16 GiB
+    available, naming a side that fits, which itself passes."""
+    from mrcnn_bench.context import check_paste_memory  # here: the other tests need only the readers
+
+    with pytest.raises(ValueError, match=r"up to 6000x6000 would need .* up to about (\d+)x\1 fit") as e:
+        check_paste_memory([(6000, 6000)], 100, 16 * 2**30, "--coco-root x")
+    side = int(str(e.value).split("up to about ")[1].split("x")[0])
+    assert 1000 < side < 6000
+    check_paste_memory([(side, side)], 100, 16 * 2**30, "--coco-root x")
+    check_paste_memory([(480, 640)] * 8, 100, 16 * 2**30, "--coco-root x")
+
+
+CHILD = """
+import resource, sys
+from pathlib import Path
+from mrcnn_bench.context import coco_images
+status = dict(l.split(":", 1) for l in Path("/proc/self/status").read_text().splitlines() if ":" in l)
+used = int(status["VmSize"].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (used + 2 * 2**30, resource.RLIM_INFINITY))  # 2 GiB more than now
+try:
+    coco_images(sys.argv[1], 1, "val2017", detections=100)
+except ValueError as e:
+    print("refused:", e)
+images = coco_images(sys.argv[1], 1, "val2017", detections=2)
+print("decoded", tuple(images[0].shape))
+"""
+
+
+def test_a_3000x3000_image_under_an_address_space_limit(tmp_path):
+    """With 2 GiB of address space left, 100 masks of a 3000x3000 image (4.3 GiB) are refused in one line,
+    not killed by the kernel; 2 masks fit, and the image decodes within the limit."""
+    from PIL import Image  # here: the other tests need no images
+
+    (tmp_path / "annotations").mkdir()
+    (tmp_path / "val2017").mkdir()
+    Image.new("RGB", (3000, 3000), (40, 80, 120)).save(tmp_path / "val2017" / "big.png")
+    (tmp_path / "annotations" / "instances_val2017.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "big.png", "height": 3000, "width": 3000}], "annotations": [],
+        "categories": [{"id": 1, "name": "a"}]}))
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: --coco-root" in proc.stdout and "3000x3000 would need" in proc.stdout
+    assert "decoded (3, 3000, 3000)" in proc.stdout
