@@ -34,7 +34,7 @@ def one_run(name: str, rounds: int) -> store.RunDocument:
     if not path.is_file():
         cmd = [sys.executable, "-m", "mrcnn_bench.cli", "run", *WORKLOAD, "--cases", CASES, "--rounds", str(rounds),
                "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress", "--out", str(RUNS), "--name", name,
-               "--start-over"]  # an unfinished run of an earlier sitting is measured again whole, as each trial is
+               "--start-over"]  # an unfinished run of an interrupted study is measured again whole
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(f"{name}: exit {result.returncode}\n{result.stderr[-2000:]}")

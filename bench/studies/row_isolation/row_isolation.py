@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             continue
         cmd = [sys.executable, "-m", "mrcnn_bench.cli", "run", *WORKLOAD, "--cases", COMPOSITIONS[comp],
                "--rounds", str(args.rounds), "--no-progress", "--no-plots", "--out", str(folder), "--name", "run",
-               "--start-over", *MODES[mode]]  # an unfinished run of an earlier sitting is measured again whole
+               "--start-over", *MODES[mode]]  # an unfinished run left by an interrupted study is measured again whole
         print(" ".join(cmd[1:]), flush=True)
         code = subprocess.call(cmd)
         if code not in (0, 1):  # 1: a row errored or timed out (reported in the table), still a run
