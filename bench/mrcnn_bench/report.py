@@ -28,6 +28,7 @@ from mrcnn_bench.goals import speed_target
 from mrcnn_bench.records import Record, RunDocument, as_number
 from mrcnn_bench.run_notes import images_text, notes
 from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
+from mrcnn_bench.store import write_atomic
 
 # Every column of the table: (the HTML page's short header, what it means). The notes list them all.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -428,11 +429,12 @@ def write(doc: RunDocument, out_dir: Path, with_plots: bool = True) -> list[Path
     """DIR/<name>.md, .csv (the table) and .html (with plots). The JSON is written by the store."""
     out_dir.mkdir(parents=True, exist_ok=True)
     name = doc.name
+    # Each written whole or not at all (a temporary file, then a rename): a crash leaves the last good one.
     md = out_dir / f"{name}.md"
-    md.write_text(f"# {name}\n\n{markdown(doc)}\n")
+    write_atomic(md, f"# {name}\n\n{markdown(doc)}\n")
     csv = out_dir / f"{name}.csv"
-    table_frame(doc.records).to_csv(csv, index=False)
+    write_atomic(csv, table_frame(doc.records).to_csv(index=False))
     pngs = plots(doc, out_dir, name) if with_plots else []
     page = out_dir / f"{name}.html"
-    page.write_text(html_page(doc, pngs))
+    write_atomic(page, html_page(doc, pngs))
     return [md, csv, page, *pngs]
