@@ -127,6 +127,15 @@ def memory_peak(dev: torch.device) -> float:
     return proc_status_gb("VmHWM")
 
 
+def mem_available_gb() -> float:
+    """The system's MemAvailable (``/proc/meminfo``) in GB; NaN where there is none."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    return float("nan")
+
+
 def proc_status_gb(field: str, pid: int | str = "self") -> float:
     """A size field of ``/proc/PID/status`` (VmRSS, VmHWM, ...) in GB; NaN where there is none."""
     with contextlib.suppress(OSError, ValueError, IndexError):

@@ -25,6 +25,7 @@ from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.model import MaskRCNN
 from mrcnn.weights import load_torchvision_weights, read_state_dict, synthetic_weights, textured_images
+from mrcnn_bench import backends
 from mrcnn_bench.cases import TRAIN_BATCH, Variant, Workload
 
 Sample = tuple[Tensor, dict[str, Tensor]]  # CocoDataset-style (uint8 image [3, h, w], target dict)
@@ -195,21 +196,13 @@ PASTE_SHARE = 0.5
 def available_bytes() -> int:
     """Memory this process may still take: the system's MemAvailable, or less under an address-space
     limit (RLIMIT_AS, as a container or ``ulimit -v`` sets)."""
-    meminfo = {k: v for k, _, v in (line.partition(":") for line in _read("/proc/meminfo").splitlines())}
-    available = int(meminfo.get("MemAvailable", "0 kB").split()[0]) * 1024 or os.sysconf("SC_PHYS_PAGES") * 4096
+    gb = backends.mem_available_gb()
+    available = int(gb * 2**30) if gb == gb else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-    if soft != resource.RLIM_INFINITY:
-        status = {k: v for k, _, v in (line.partition(":") for line in _read("/proc/self/status").splitlines())}
-        used = int(status.get("VmSize", "0 kB").split()[0]) * 1024
-        available = min(available, soft - used)
+    used_gb = backends.proc_status_gb("VmSize")
+    if soft != resource.RLIM_INFINITY and used_gb == used_gb:  # NaN where /proc has no VmSize
+        available = min(available, soft - int(used_gb * 2**30))
     return max(0, available)
-
-
-def _read(path: str) -> str:
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
 
 
 def check_paste_memory(sizes: list[tuple[int, int]], detections: int, available: int, what: str) -> None:

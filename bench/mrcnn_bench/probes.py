@@ -77,10 +77,8 @@ def machine_state(pids: list[int] | None = None) -> dict[str, float]:
     how many cores other processes used between two states. The 1-minute load average alone counts
     the run's own threads."""
     state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0], "wall_s": time.monotonic()}
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                state["mem_available_gb"] = int(line.split()[1]) / 2**20
+    if (available := backends.mem_available_gb()) == available:  # absent (NaN) where /proc has none
+        state["mem_available_gb"] = available
     state["rss_gb"] = sum(backends.proc_status_gb("VmRSS", pid) for pid in [os.getpid(), *(pids or [])])
     with contextlib.suppress(OSError, ValueError, IndexError):
         # /proc/stat "cpu": user nice system idle iowait irq softirq steal ... in clock ticks, all CPUs.

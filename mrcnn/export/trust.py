@@ -42,20 +42,24 @@ def sha256(path: str | os.PathLike) -> str:
 def trust(path: str | os.PathLike) -> None:
     """Add the package at ``path``, as it is now, to the allow-list (called for the packages this
     machine builds)."""
-    if is_trusted(path):
+    digest = sha256(path)
+    if digest in _listed():
         return  # the same bytes built again (each harness run rebuilds its packages): listed once
     allow = allow_list_path()
     allow.parent.mkdir(parents=True, exist_ok=True)
     with allow.open("a", encoding="utf-8") as f:
-        f.write(f"{sha256(path)}  {Path(path).resolve()}\n")
+        f.write(f"{digest}  {Path(path).resolve()}\n")
+
+
+def _listed() -> set[str]:
+    """The SHA-256 digests on the allow-list."""
+    allow = allow_list_path()
+    lines = allow.read_text(encoding="utf-8").splitlines() if allow.is_file() else []
+    return {line.split(maxsplit=1)[0] for line in lines if line.strip()}
 
 
 def is_trusted(path: str | os.PathLike) -> bool:
-    allow = allow_list_path()
-    if not allow.is_file():
-        return False
-    digest = sha256(path)
-    return any(line.split(maxsplit=1)[:1] == [digest] for line in allow.read_text(encoding="utf-8").splitlines())
+    return sha256(path) in _listed()
 
 
 def check_trusted(path: str | os.PathLike, trusted: bool = False) -> None:
