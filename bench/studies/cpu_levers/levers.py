@@ -3,6 +3,7 @@
     python bench/studies/cpu_levers/levers.py channels_last [--workloads coco,tiny] [--rounds N] [--out results/levers]
     python bench/studies/cpu_levers/levers.py freezing      [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py linear        [--workloads coco,tiny] [--rounds N]
+    python bench/studies/cpu_levers/levers.py aoti          [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py report LEVER  # rewrite LEVER.md and LEVER.json from LEVER.jsonl
 
 Levers (``off`` is the model and compiler as shipped):
@@ -21,6 +22,12 @@ Levers (``off`` is the model and compiler as shipped):
   MKL-packed form freezing emits, ``torch.ops.mkl._mkl_linear``, as a third variant) and in the eager
   model. Under freezing, inductor packs fp32 linears for MKL whenever torch has MKL (x86); it has
   no option for oneDNN there.
+- ``aoti``: where an AOTInductor package loses time against inductor. Inductor as shipped (the CPU
+  runs torchvision's NMS and RoIAlign kernels) against inductor on the pure-tensor ops
+  (``ops_impl="tensor"``, the form every package is exported in), and that against the package
+  (``mrcnn.export.build_packages``, loaded by ``DeployedModel``): the first ratio is the ops' share,
+  the second the package's own (its compilation and its runner's call path). Eager on the two
+  forms of the ops beside them.
 
 Workloads: ``coco``: coco_r50_fpn, one textured 480x640 image (canvas 800x1088), weights
 ``synthetic_weights(cfg, seed=0)`` (calibrated: all 100 detection slots valid); ``tiny``: the tiny
@@ -46,6 +53,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -58,6 +66,7 @@ from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
+from mrcnn.export import DeployedModel, build_packages
 from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
@@ -68,7 +77,7 @@ from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import machine_state
 
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640), 20), "tiny": ("tiny", (240, 320), 40)}
-LEVERS = ("channels_last", "freezing", "linear")
+LEVERS = ("channels_last", "freezing", "linear", "aoti")
 REPO = Path(__file__).resolve().parents[3]
 Call = Callable[[], Any]
 
@@ -173,8 +182,28 @@ def variants(lever: str, cfg, weights: dict[str, Tensor], batch: ImageBatch, mod
         onednn = with_box_linears(_static(cfg, weights), OneDNNLinear, rows)
         calls["eager:off"], calls["eager:on"] = (lambda: model(batch)), (lambda: onednn(batch))
         pairs.append(("eager", "eager:off", "eager:on"))
+    elif lever == "aoti":
+        calls, pairs = _aoti_variants(cfg, weights, batch)
     else:
         raise ValueError(f"unknown lever {lever!r}; choose from {LEVERS}")
+    return calls, pairs
+
+
+def _aoti_variants(cfg, weights: dict[str, Tensor], batch: ImageBatch) -> tuple[dict[str, Call], list]:
+    """Inductor on each form of the ops, the AOTInductor package of the same weights, eager on each form."""
+    shipped, tensor_ops = _static(cfg, weights), _static(cfg, weights, ops_impl="tensor")
+    calls: dict[str, Call] = {}
+    for name, model in (("off", shipped), ("tensor", tensor_ops)):
+        fn = _compiled(model)
+        calls[f"inductor:{name}"] = lambda fn=fn: fn(batch)
+        calls[f"eager:{name}"] = lambda model=model: model(batch)
+    canvas = tuple(batch.tensors.shape[-2:])
+    with tempfile.TemporaryDirectory() as folder:  # the loaded package no longer needs its file
+        built = build_packages(shipped, folder, canvas, batch_size=batch.tensors.shape[0], formats=("aoti",))
+        package = DeployedModel(built["paths"]["aoti"])
+    calls["inductor:aoti"] = lambda: package.detect(batch)
+    pairs = [("inductor", "inductor:off", "inductor:tensor"), ("inductor", "inductor:off", "inductor:aoti"),
+             ("inductor", "inductor:tensor", "inductor:aoti"), ("eager", "eager:off", "eager:tensor")]
     return calls, pairs
 
 
