@@ -20,7 +20,7 @@ from mrcnn.box_ops import RPN_BOX_WEIGHTS, box_iou, clip_boxes, decode_boxes, la
 from mrcnn.config import Config
 from mrcnn.losses import rpn_losses
 from mrcnn.matching import BELOW_LOW_THRESHOLD, BETWEEN_THRESHOLDS, match, sample_balanced
-from mrcnn.ops import nms_fixed, resolve_impl
+from mrcnn.ops import nms_fixed_segments, resolve_impl
 from mrcnn.structures import Proposals, Targets
 
 _MIN_PROPOSAL_SIZE = 1e-3  # torchvision's RegionProposalNetwork.min_size
@@ -139,16 +139,14 @@ class RegionProposalNetwork(nn.Module):
         post_nms = cfg.rpn_post_nms_top_n_train if self.training else cfg.rpn_post_nms_top_n_test
 
         # Top-k per level. k is fixed by the canvas, so every index tensor has a static size.
-        index, level = [], []
+        index, sizes = [], []
         start = 0
-        for lvl, (h, w) in enumerate(feature_sizes):
+        for h, w in feature_sizes:
             count = h * w * cfg.num_anchors_per_location
-            k = min(pre_nms, count)
+            sizes.append(k := min(pre_nms, count))
             index.append(objectness[:, start : start + count].topk(k, dim=1).indices + start)
-            level.append(torch.full((k,), lvl, dtype=torch.int64, device=objectness.device))
             start += count
-        index = torch.cat(index, 1)  # [B, N]
-        level = torch.cat(level).expand_as(index)
+        index = torch.cat(index, 1)  # [B, N], N = sum(sizes), level by level
 
         scores = torch.sigmoid(objectness.gather(1, index))
         picked_deltas = deltas.gather(1, index[..., None].expand(-1, -1, 4))
@@ -159,14 +157,15 @@ class RegionProposalNetwork(nn.Module):
         if inside is not None:
             valid &= inside.gather(1, index)
 
-        # NMS within each level; the result is score-ordered, so its first post_nms are the proposals.
-        keep, keep_valid = nms_fixed(
+        # NMS within each level, one problem per level; the result is score-ordered, so its first
+        # post_nms are the proposals.
+        keep, keep_valid = nms_fixed_segments(
             boxes,
             scores,
             valid,
+            sizes,
             cfg.rpn_nms_thresh,
             post_nms,
-            groups=level,
             impl=resolve_impl(cfg.ops_impl, boxes.device),
             iterations=cfg.nms_iterations,
         )

@@ -68,6 +68,69 @@ def nms_fixed(
     return torch.ops.mrcnn.nms_fixed(boxes, scores, valid, groups, float(iou_threshold), max_out, iterations)
 
 
+def nms_fixed_segments(
+    boxes: Tensor,
+    scores: Tensor,
+    valid: Tensor,
+    sizes: list[int],
+    iou_threshold: float,
+    max_out: int,
+    impl: str = "tensor",
+    iterations: int = 16,
+) -> tuple[Tensor, Tensor]:
+    """:func:`nms_fixed` with consecutive segments of candidates as its groups, one problem per segment.
+
+    The result equals ``nms_fixed(..., groups=segment index)``, ties included, but the pure-tensor
+    form holds an [n, n] suppression matrix per problem and streams it ``iterations`` times, so L
+    segments of k candidates cost L * k^2 instead of (L * k)^2 (the RPN's per-level NMS: 5 levels).
+
+    Args:
+        boxes: [B, N, 4], scores [B, N], valid [B, N] bool, with N = sum(sizes): segment s holds
+            candidates sizes[0] + ... + sizes[s - 1] onwards.
+        sizes: the segments' lengths, static ints, each > 0.
+        iou_threshold, max_out, impl, iterations: as :func:`nms_fixed`.
+
+    Returns:
+        keep: [B, max_out] int64 indices into N, highest score first (equal scores: lower index
+        first), padded slots 0. keep_valid: [B, max_out] bool.
+    """
+    if boxes.dim() != 3 or scores.shape != boxes.shape[:2] or valid.shape != boxes.shape[:2]:
+        raise ValueError(f"boxes must be [B, N, 4] with scores and valid [B, N], got {tuple(boxes.shape)}")
+    if not sizes or any(k <= 0 for k in sizes) or sum(sizes) != boxes.shape[1]:
+        raise ValueError(f"sizes must be positive and sum to N = {boxes.shape[1]}, got {sizes}")
+    b, widest = boxes.shape[0], max(sizes)
+    per = min(max_out, widest)  # a segment keeps at most its own length
+
+    def segmented(t: Tensor, fill: float | bool) -> Tensor:
+        """[B, N, ...] -> [B * L, widest, ...], each segment padded at its end with ``fill``."""
+        parts, start = [], 0
+        for k in sizes:
+            part = t[:, start : start + k]
+            if k < widest:
+                part = torch.cat([part, part.new_full((b, widest - k, *t.shape[2:]), fill)], 1)
+            parts.append(part)
+            start += k
+        return torch.stack(parts, 1).flatten(0, 1)
+
+    keep, keep_valid = nms_fixed(
+        segmented(boxes, 0.0), segmented(scores, 0.0), segmented(valid.to(torch.bool), False),
+        iou_threshold, per, impl=impl, iterations=iterations,
+    )  # fmt: skip
+    starts = [sum(sizes[:s]) for s in range(len(sizes))]
+    offset = torch.cat([torch.full((per,), s, dtype=torch.int64, device=boxes.device) for s in starts])
+    index = keep.view(b, -1) + offset  # [B, L * per] into N, each segment's kept best first
+    kept = keep_valid.view(b, -1)
+    if index.shape[1] < max_out:  # fewer candidates than slots: padded slots, never kept
+        index = torch.cat([index, index.new_zeros((b, max_out - index.shape[1]))], 1)
+        kept = torch.cat([kept, kept.new_zeros((b, max_out - kept.shape[1]))], 1)
+    # Merge the segments best first. The stable sort keeps equal scores in segment order, then in
+    # each segment's own order (lower index first): the order one NMS over all of N gives.
+    key = torch.where(kept, scores.gather(1, index), torch.full_like(scores[:, :1], float("-inf")))
+    order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :max_out]
+    keep_valid = kept.gather(1, order)
+    return torch.where(keep_valid, index.gather(1, order), torch.zeros_like(order)), keep_valid
+
+
 # ------------------------------------------------------------------------------------------------
 # Pure-tensor implementation
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torchvision
 
-from mrcnn.ops import nms_fixed, resolve_impl
+from mrcnn.ops import nms_fixed, nms_fixed_segments, resolve_impl
 from mrcnn.ops.nms import nms_convergence_steps
 from tests.helpers.ops_inputs import IMPLS, clustered_boxes, reference_nms
 
@@ -65,6 +65,31 @@ def test_nms_matches_batched_nms(impl, iou_threshold, use_groups, max_out):
         assert keep_valid.all()  # truncation case: more survivors than slots
     else:
         assert not keep_valid[:, -1].any()  # padding case: more slots than candidates
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("max_out", [40, 300])
+def test_nms_segments_equal_one_problem_grouped_by_segment(impl, max_out):
+    # The RPN's per-level NMS: segments of unequal length (the last shorter than the widest, as the
+    # coarse levels are), scores rounded so that equal scores meet across segments and inside them.
+    gen = torch.Generator().manual_seed(11)
+    sizes = [90, 90, 60, 17]
+    boxes, scores = clustered_boxes(gen, 2, sum(sizes), clusters=10)
+    scores = (scores * 16).round() / 16
+    valid = torch.rand(2, sum(sizes), generator=gen) > 0.1
+    level = torch.cat([torch.full((k,), i) for i, k in enumerate(sizes)]).expand(2, -1)
+
+    keep, keep_valid = nms_fixed_segments(boxes, scores, valid, sizes, 0.6, max_out, impl=impl)
+    ref_keep, ref_valid = nms_fixed(boxes, scores, valid, 0.6, max_out, groups=level, impl="tensor")
+
+    assert keep.shape == keep_valid.shape == (2, max_out)
+    assert torch.equal(keep_valid, ref_valid) and torch.equal(keep, ref_keep)
+    assert 0 < int(keep_valid[0].sum()) < valid[0].sum()  # NMS had work to do
+    assert keep_valid.all() if max_out == 40 else not keep_valid[:, -1].any()  # truncated / padded
+    tied = scores.gather(1, keep)[keep_valid]
+    assert len(tied.unique()) < len(tied)  # the tie order was exercised
+    with pytest.raises(ValueError, match="sum to N"):
+        nms_fixed_segments(boxes, scores, valid, [90, 90], 0.6, max_out)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
