@@ -198,9 +198,10 @@ def _aoti_variants(cfg, weights: dict[str, Tensor], batch: ImageBatch) -> tuple[
         calls[f"inductor:{name}"] = lambda fn=fn: fn(batch)
         calls[f"eager:{name}"] = lambda model=model: model(batch)
     canvas = tuple(batch.tensors.shape[-2:])
-    with tempfile.TemporaryDirectory() as folder:  # the loaded package no longer needs its file
-        built = build_packages(shipped, folder, canvas, batch_size=batch.tensors.shape[0], formats=("aoti",))
-        package = DeployedModel(built["paths"]["aoti"])
+    # Left in the temp folder: whether a loaded package still reads its file is the runner's business.
+    folder = tempfile.mkdtemp(prefix="levers_aoti_")
+    built = build_packages(shipped, folder, canvas, batch_size=batch.tensors.shape[0], formats=("aoti",))
+    package = DeployedModel(built["paths"]["aoti"])
     calls["inductor:aoti"] = lambda: package.detect(batch)
     pairs = [("inductor", "inductor:off", "inductor:tensor"), ("inductor", "inductor:off", "inductor:aoti"),
              ("inductor", "inductor:tensor", "inductor:aoti"), ("eager", "eager:off", "eager:tensor")]
