@@ -98,22 +98,11 @@ def nms_fixed_segments(
         raise ValueError(f"boxes must be [B, N, 4] with scores and valid [B, N], got {tuple(boxes.shape)}")
     if not sizes or any(k <= 0 for k in sizes) or sum(sizes) != boxes.shape[1]:
         raise ValueError(f"sizes must be positive and sum to N = {boxes.shape[1]}, got {sizes}")
-    b, widest = boxes.shape[0], max(sizes)
-    per = min(max_out, widest)  # a segment keeps at most its own length
-
-    def segmented(t: Tensor, fill: float | bool) -> Tensor:
-        """[B, N, ...] -> [B * L, widest, ...], each segment padded at its end with ``fill``."""
-        parts, start = [], 0
-        for k in sizes:
-            part = t[:, start : start + k]
-            if k < widest:
-                part = torch.cat([part, part.new_full((b, widest - k, *t.shape[2:]), fill)], 1)
-            parts.append(part)
-            start += k
-        return torch.stack(parts, 1).flatten(0, 1)
+    b = boxes.shape[0]
+    per = min(max_out, max(sizes))  # a segment keeps at most its own length
 
     keep, keep_valid = nms_fixed(
-        segmented(boxes, 0.0), segmented(scores, 0.0), segmented(valid.to(torch.bool), False),
+        _segmented(boxes, sizes, 0.0), _segmented(scores, sizes, 0.0), _segmented(valid.to(torch.bool), sizes, False),
         iou_threshold, per, impl=impl, iterations=iterations,
     )  # fmt: skip
     starts = [sum(sizes[:s]) for s in range(len(sizes))]
@@ -129,6 +118,21 @@ def nms_fixed_segments(
     order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, :max_out]
     keep_valid = kept.gather(1, order)
     return torch.where(keep_valid, index.gather(1, order), torch.zeros_like(order)), keep_valid
+
+
+def _segmented(t: Tensor, sizes: list[int], fill: float) -> Tensor:
+    """[B, N, ...] -> [B * L, max(sizes), ...]: segment s of N in row s of each image, padded at its end
+    with ``fill``. (Module level: this package keeps its annotations evaluated, see _library.py,
+    and dynamo cannot trace a nested function annotated with a ``float | bool`` union.)"""
+    b, widest = t.shape[0], max(sizes)
+    parts, start = [], 0
+    for k in sizes:
+        part = t[:, start : start + k]
+        if k < widest:
+            part = torch.cat([part, part.new_full((b, widest - k, *t.shape[2:]), fill)], 1)
+        parts.append(part)
+        start += k
+    return torch.stack(parts, 1).flatten(0, 1)
 
 
 # ------------------------------------------------------------------------------------------------
