@@ -27,7 +27,8 @@ Levers (``off`` is the model and compiler as shipped):
   (``ops_impl="tensor"``, the form every package is exported in), and that against the package
   (``mrcnn.export.build_packages``, loaded by ``DeployedModel``): the first ratio is the ops' share,
   the second the package's own (its compilation and its runner's call path). Eager on the two
-  forms of the ops beside them.
+  forms of the ops beside them. The package is built during set-up, so its first call holds no
+  compilation.
 
 Workloads: ``coco``: coco_r50_fpn, one textured 480x640 image (canvas 800x1088), weights
 ``synthetic_weights(cfg, seed=0)`` (calibrated: all 100 detection slots valid); ``tiny``: the tiny
