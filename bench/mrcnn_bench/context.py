@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import resource
 import tempfile
@@ -197,10 +198,10 @@ def available_bytes() -> int:
     """Memory this process may still take: the system's MemAvailable, or less under an address-space
     limit (RLIMIT_AS, as a container or ``ulimit -v`` sets)."""
     gb = backends.mem_available_gb()
-    available = int(gb * 2**30) if gb == gb else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    available = int(gb * 2**30) if not math.isnan(gb) else os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     used_gb = backends.proc_status_gb("VmSize")
-    if soft != resource.RLIM_INFINITY and used_gb == used_gb:  # NaN where /proc has no VmSize
+    if soft != resource.RLIM_INFINITY and not math.isnan(used_gb):  # NaN where /proc has no VmSize
         available = min(available, soft - int(used_gb * 2**30))
     return max(0, available)
 

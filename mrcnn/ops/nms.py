@@ -9,6 +9,8 @@ Its two forms are two operators: ``mrcnn::nms_fixed`` (the pure-tensor fixed poi
 (torchvision's kernel behind a fake kernel).
 """
 
+import itertools
+
 import torch
 import torchvision
 from torch import Tensor
@@ -105,7 +107,7 @@ def nms_fixed_segments(
         _segmented(boxes, sizes, 0.0), _segmented(scores, sizes, 0.0), _segmented(valid.to(torch.bool), sizes, False),
         iou_threshold, per, impl=impl, iterations=iterations,
     )  # fmt: skip
-    starts = [sum(sizes[:s]) for s in range(len(sizes))]
+    starts = itertools.accumulate(sizes[:-1], initial=0)
     offset = torch.cat([torch.full((per,), s, dtype=torch.int64, device=boxes.device) for s in starts])
     index = keep.view(b, -1) + offset  # [B, L * per] into N, each segment's kept best first
     kept = keep_valid.view(b, -1)
