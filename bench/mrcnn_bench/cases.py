@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 if TYPE_CHECKING:  # backends imports torch: kept out of `mrcnn-bench --help` (mrcnn_bench.cli)
     from mrcnn_bench.backends import Backend
 
-Compiler = Literal["eager", "inductor", "export", "aoti"]  # built in: none | torch.compile | .pt2 | AOTInductor
+Compiler = Literal["eager", "inductor", "frozen", "export", "aoti"]  # none | torch.compile | +freezing | .pt2 | AOTI
 Precision = Literal["fp32", "bf16"]  # bf16: autocast
 Phase = Literal["inference", "training"]  # latency per call | SGD steps per second
 Interface = Literal["static", "torchvision"]  # how a call reaches a model (Implementation)
@@ -53,8 +53,7 @@ class Implementation:
     builder: str = ""
 
 
-IMPLEMENTATIONS: dict[str, Implementation] = {"static": Implementation("static"),
-                                              "torchvision": Implementation("torchvision")}
+IMPLEMENTATIONS: dict[str, Implementation] = {name: Implementation(name) for name in INTERFACES}  # the built-ins
 # Compiler name -> "module:function" of its builder (mrcnn_bench.pipelines.Builder); "" for the built-ins.
 COMPILERS: dict[str, str] = dict.fromkeys(get_args(Compiler), "")
 
@@ -78,8 +77,9 @@ class Case:
                                       (self.precision, PRECISIONS, "precision"), (self.phase, PHASES, "phase")):
             if value not in allowed:
                 raise ValueError(f"case {field} {value!r} is not one of {allowed}")
-        if self.compiler in ("export", "aoti") and (self.impl != "static" or self.phase != "inference"):
-            raise ValueError("export and aoti cases exist for static inference only")
+        if (self.compiler in ("export", "aoti", "frozen") and self.phase != "inference") or (
+                self.compiler in ("export", "aoti") and self.impl != "static"):  # fmt: skip
+            raise ValueError("export and aoti cases exist for static inference only, frozen cases for inference")
         if self.overrides and not self.tag:
             raise ValueError("a case with config overrides needs a tag, which names it")
         if not re.fullmatch(r"[A-Za-z0-9_.-]*", self.tag):  # a comma or slash would make it unselectable
@@ -283,18 +283,19 @@ TRAIN_BUCKETS_TENSOR_OPS = (*TRAIN_BUCKETS, ("ops_impl", "tensor"))
 # a canvas's first call), which make bench's synthetic weights (K valid detections) would not speed up.
 # The training ones time the mask-RoI buckets (torchvision's loss on fewer slots), fp32 and under bf16
 # autocast, with torchvision eager under bf16 autocast beside them, and each again with channels_last;
-# static inductor with the pure-tensor ops.
+# static inductor with the pure-tensor ops; both models under inductor with freezing (mrcnn.frozen).
 _EXTRA = (
     Case("static", compiler="inductor", tag="buckets", overrides=(("mask_detection_buckets", (16, 50)),)),
     Case("static", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
     Case("static", compiler="inductor", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
     Case("static", compiler="inductor", precision="bf16", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
-    Case("torchvision", precision="bf16", phase="training"),
+    Case("torchvision", precision="bf16", phase="training"), Case("static", compiler="frozen"),
     Case("static", phase="training", tag="buckets-nhwc", overrides=TRAIN_BUCKETS_NHWC),
     Case("static", compiler="inductor", phase="training", tag="buckets-nhwc", overrides=TRAIN_BUCKETS_NHWC),
     Case("static", compiler="inductor", precision="bf16", phase="training", tag="buckets-nhwc",
          overrides=TRAIN_BUCKETS_NHWC),
     Case("static", compiler="inductor", phase="training", tag="buckets-tensorops", overrides=TRAIN_BUCKETS_TENSOR_OPS),
+    Case("torchvision", compiler="frozen", bounded=True),
 )
 CASES: dict[str, Case] = {c.name: c for c in (*_ALL, *_EXTRA)}
 EXTRA: tuple[str, ...] = tuple(c.name for c in _EXTRA)  # in CASES and `list`, not in `all`
@@ -353,8 +354,7 @@ def parse_cases(text: str | None) -> list[Case]:
             names += [n for n, c in CASES.items() if c.phase == item and n not in EXTRA]
         elif item:
             names.append(item)
-    unknown = [n for n in names if n not in CASES]
-    if unknown:
+    if unknown := [n for n in names if n not in CASES]:
         raise ValueError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
     # A user's builder that cannot load is found now, not in each row's set-up.
     for case in (cases := [CASES[n] for n in dict.fromkeys(names)]):

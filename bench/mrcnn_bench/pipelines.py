@@ -122,6 +122,23 @@ def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
 
 
+@register_pipeline("frozen")
+def build_frozen(model: nn.Module, case: Case, slowdown: float) -> Compiled:
+    """Inductor with freezing (:class:`mrcnn.frozen.FrozenInference`: the weights constants of the
+    graphs), inference only. Static: one graph per canvas, as the inductor row; torchvision with its
+    graph breaks and dynamo's default shapes, as its inductor row."""
+    if _staged(model, case):
+        raise ValueError("the frozen rows compile the single graph; mask_detection_buckets: run them without it")
+    try:
+        # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it.
+        from mrcnn.frozen import FrozenInference
+    except ImportError:
+        raise ValueError("this checkout's mrcnn has no mrcnn.frozen: the frozen rows cannot run on it") from None
+    static = case.interface == "static"
+    frozen = FrozenInference(model, fullgraph=static, dynamic=False if static else None)
+    return Compiled(frozen, backends.dynamo_counters)
+
+
 def _build_deployed(model: nn.Module, fmt: str, slowdown: float) -> Compiled:
     if getattr(getattr(model, "cfg", None), "mask_detection_buckets", ()):
         raise ValueError(
