@@ -138,11 +138,14 @@ class Config:
     # Kernels. "auto": torchvision's kernels on cpu/cuda, pure tensor ops elsewhere (XLA).
     ops_impl: str = "auto"
     nms_iterations: int = 16  # fixed-point steps of the pure-tensor NMS
-    # Memory layout of the convolutions on CPU and CUDA: True runs the backbone, FPN, RPN head and
-    # mask head in torch.channels_last (NHWC), their conv weights included (MaskRCNN converts them;
-    # state_dict names and shapes are unchanged). Same outputs up to float rounding. XLA ignores it.
-    # Its measured effect, eager and under inductor, is in the README's model section.
-    channels_last: bool = False
+    # Memory layout of the convolutions: True runs the backbone, FPN, RPN head and mask head in
+    # torch.channels_last (NHWC) on CPU and CUDA, their conv weights included (MaskRCNN converts
+    # them; state_dict names and shapes are unchanged). "auto" (the default) resolves by the input's
+    # device (mrcnn.layout.channels_last_on): NHWC activations in eager where that was measured
+    # faster, the CPU, with the weights left as loaded (oneDNN takes the layout from the input);
+    # NCHW elsewhere and under torch.compile, where inductor picks the layout itself. Same outputs
+    # up to float rounding either way. XLA has no strides and ignores it. Measured: docs/model.md.
+    channels_last: bool | str = "auto"
 
     @property
     def mask_size(self) -> int:
@@ -189,6 +192,8 @@ class Config:
             problems.append(f"backbone_depth must be 18, 34, 50 or 101, got {self.backbone_depth}")
         if self.ops_impl not in ("auto", "torchvision", "tensor"):
             problems.append(f"ops_impl must be 'auto', 'torchvision' or 'tensor', got {self.ops_impl!r}")
+        if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
+            problems.append(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
         if not self.canvases:
             problems.append("canvases must name at least one (height, width) bucket")
         for canvas in self.canvases:

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 
 from mrcnn.backbone import build_backbone, edge_extended, padded_extents
 from mrcnn.config import Canvas, Config, get_config
-from mrcnn.layout import contiguous_nchw, conv_layout
+from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout
 from mrcnn.losses import check_targets, masks_are_cropped
 from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
@@ -43,9 +43,9 @@ class MaskRCNN(nn.Module):
         self.backbone = build_backbone(self.cfg)
         self.rpn = RegionProposalNetwork(self.cfg)
         self.roi_heads = RoIHeads(self.cfg)
-        if self.cfg.channels_last:
+        if self.cfg.channels_last is True:
             # Conv weights in NHWC: 4-D parameters only, names and shapes unchanged, and
-            # load_state_dict copies a checkpoint into this layout.
+            # load_state_dict copies a checkpoint into this layout. "auto" leaves them as loaded.
             self.to(memory_format=torch.channels_last)
 
     def forward(self, batch: ImageBatch, targets: Targets | None = None) -> Detections | dict[str, Tensor]:
@@ -135,10 +135,11 @@ class MaskRCNN(nn.Module):
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:
         """P2..P5 in the layout RoIAlign reads. torchvision's roi_align kernels make their input
         contiguous (NCHW) at every call, box and mask branch alike, and on the CPU that copy of a
-        channels_last map is a slow strided one; so with ``cfg.channels_last`` the levels are made
-        NCHW once here, by :func:`contiguous_nchw`. The gather form (``tensor`` impl) reads NHWC rows
-        as they are."""
-        if not self.cfg.channels_last or resolve_impl(self.cfg.ops_impl, levels[0].device) != "torchvision":
+        channels_last map is a slow strided one; so when the convolutions run in channels_last the
+        levels are made NCHW once here, by :func:`contiguous_nchw`. The gather form (``tensor`` impl)
+        reads NHWC rows as they are."""
+        device = levels[0].device
+        if not channels_last_on(self.cfg, device) or resolve_impl(self.cfg.ops_impl, device) != "torchvision":
             return levels
         return [contiguous_nchw(f) for f in levels]
 
@@ -181,4 +182,3 @@ class MaskRCNN(nn.Module):
             for i, result in zip(indices, postprocess(detect(batch), batch)):
                 results[i] = result
         return results
-

@@ -169,6 +169,20 @@ def build_aoti(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     return _build_deployed(model, "aoti", slowdown)
 
 
+def _static_eager_channels_last(case: Case, cfg: Config, device: torch.device) -> bool:
+    """Whether the static model would run ``case``'s convolutions in channels_last with ``cfg`` on
+    ``device``: eager cases only (compiled, the compiler picks the layout for both models)."""
+    if case.compiler != "eager":
+        return False
+    try:
+        # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it,
+        # when channels_last was a plain bool and False by default.
+        from mrcnn.layout import channels_last_on
+    except ImportError:
+        return getattr(cfg, "channels_last", False) is True and device.type in ("cpu", "cuda")
+    return channels_last_on(cfg, device)
+
+
 def build_static(cfg: Config, weights: dict[str, Tensor]) -> nn.Module:
     return load_torchvision_weights(MaskRCNN(cfg), weights)
 
@@ -236,6 +250,10 @@ class Pipeline:
         training = case.phase == "training"
         model = model_builder(case.impl)(self.cfg, ctx.train_weights if training else ctx.weights)
         self.model = model = model.train(training).to(self.device)
+        if case.interface == "torchvision" and _static_eager_channels_last(case, self.cfg, self.device):
+            # torchvision's transform hands the backbone NCHW images, and oneDNN and cuDNN take the
+            # layout from the conv weights. A comparison then measures the models, not the layout.
+            model.to(memory_format=torch.channels_last)
         if slowdown:
             inject_slowdown(model, slowdown)
         self._compiled = compiler_builder(case.compiler)(model, case, slowdown)

@@ -1,7 +1,9 @@
-"""``Config.channels_last``: the convolutions in NHWC, with the default's outputs and state_dict.
+"""``Config.channels_last``: the convolutions in NHWC, with NCHW's outputs and state_dict.
 
-Outputs are compared with the default layout's (same weights, same input): NHWC convolutions sum in
-another order, so boxes, scores and masks agree to float rounding and valid and labels exactly.
+Outputs are compared with ``channels_last=False``'s (same weights, same input): NHWC convolutions
+sum in another order, so boxes, scores and masks agree to float rounding and valid and labels
+exactly. ``True`` converts the conv weights; ``"auto"``, the default, puts only the activations in
+NHWC, and only on the devices of ``AUTO_CHANNELS_LAST`` (the CPU).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import torch._dynamo
 from torch import nn
 from torch._dynamo.utils import counters
 
+from mrcnn.config import get_config
+from mrcnn.layout import channels_last_on
 from mrcnn.model import MaskRCNN, contiguous_nchw
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
@@ -50,14 +54,15 @@ def _layouts(model: nn.Module) -> list[str]:
     return found
 
 
+@pytest.mark.parametrize("layout", [True, "auto"])
 @pytest.mark.parametrize("impl", ["torchvision", "tensor"])
-def test_outputs_equal_the_default_layout(tiny_cfg, tiny_weights, impl):
+def test_outputs_equal_nchw(tiny_cfg, tiny_weights, impl, layout):
     batch = to_image_batch(textured_images(SIZES, seed=2), tiny_cfg)
-    default = _static(tiny_cfg, tiny_weights, ops_impl=impl)
-    nhwc = _static(tiny_cfg, tiny_weights, ops_impl=impl, channels_last=True)
+    nchw = _static(tiny_cfg, tiny_weights, ops_impl=impl, channels_last=False)
+    nhwc = _static(tiny_cfg, tiny_weights, ops_impl=impl, channels_last=layout)
     not_nhwc = _layouts(nhwc)
     with torch.no_grad():
-        expected, got = default(batch), nhwc(batch)
+        expected, got = nchw(batch), nhwc(batch)
     assert int(expected.valid.sum()) > 50  # the weights detect things: the comparison is not vacuous
     assert_same_detections(got, expected)
     # Backbone, FPN, RPN head and mask head: every convolution reads and writes NHWC; the padding
@@ -76,6 +81,43 @@ def test_weights_keep_their_names_and_load(tiny_cfg, tiny_weights):
     assert not all(w.is_contiguous() for w in convs)
 
 
+def test_auto_is_the_default_and_leaves_the_weights_as_loaded(tiny_cfg, tiny_weights):
+    assert get_config("tiny").channels_last == "auto"
+    model = _static(tiny_cfg, tiny_weights, channels_last="auto")
+    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d | nn.ConvTranspose2d)]
+    assert all(w.is_contiguous() for w in convs)
+
+
+@pytest.mark.parametrize(
+    ("layout", "device", "expected"),
+    [
+        ("auto", "cpu", True),
+        ("auto", "cuda", False),  # not measured there yet
+        ("auto", "xla", False),
+        (True, "cpu", True),
+        (True, "cuda", True),
+        (True, "xla", False),  # no strides on XLA
+        (False, "cpu", False),
+    ],
+)
+def test_layout_resolves_by_device(tiny_cfg, layout, device, expected):
+    assert channels_last_on(tiny_cfg.replace(channels_last=layout), torch.device(device)) is expected
+
+
+def test_auto_keeps_nchw_under_compile(tiny_cfg):
+    """Compiled, "auto" leaves the layout to the compiler (what a compiled model traces)."""
+    cfg = tiny_cfg.replace(channels_last="auto")
+    torch._dynamo.reset()
+    traced = torch.compile(lambda x: torch.tensor(channels_last_on(cfg, x.device)), backend="eager", fullgraph=True)
+    assert channels_last_on(cfg, torch.device("cpu")) and not bool(traced(torch.zeros(1)))
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_bad_layout_is_refused(value):
+    with pytest.raises(ValueError, match="channels_last must be True, False or 'auto'"):
+        get_config("tiny", channels_last=value)
+
+
 def test_contiguous_nchw_equals_contiguous():
     x = torch.randn(2, 16, 9, 7).contiguous(memory_format=torch.channels_last)
     for t in (x, x.contiguous(), torch.randn(1, 256, 70, 90).contiguous(memory_format=torch.channels_last)):
@@ -83,24 +125,25 @@ def test_contiguous_nchw_equals_contiguous():
         assert out.is_contiguous() and torch.equal(out, t)
 
 
-def test_training_losses_equal_the_default_layout(tiny_cfg, tiny_weights):
+def test_training_losses_equal_nchw(tiny_cfg, tiny_weights):
     cfg = small_cfg(tiny_cfg)
     batch = to_image_batch(textured_images(((128, 112), (100, 128)), seed=4), cfg)
     targets = random_targets(cfg, batch, [3, 2], seed=5)
     losses = {}
-    for layout in (False, True):
+    for layout in (False, True, "auto"):
         model = load_torchvision_weights(MaskRCNN(cfg.replace(channels_last=layout)), tiny_weights).train()
         torch.manual_seed(0)  # the samplers' random keys
         losses[layout] = model(batch, targets)
         sum(losses[layout].values()).backward()
     for name, value in losses[False].items():
-        torch.testing.assert_close(losses[True][name], value, rtol=1e-5, atol=0, msg=name)
+        for layout in (True, "auto"):
+            torch.testing.assert_close(losses[layout][name], value, rtol=1e-5, atol=0, msg=f"{name} {layout}")
 
 
 @pytest.mark.slow
 def test_compiled_one_graph_per_canvas(tiny_cfg, tiny_weights):
     model = _static(tiny_cfg, tiny_weights, channels_last=True)
-    default = _static(tiny_cfg, tiny_weights)
+    default = _static(tiny_cfg, tiny_weights, channels_last=False)
     batches = [to_image_batch([img], tiny_cfg) for img in textured_images(SIZES, seed=11)]
     assert len({tuple(b.tensors.shape) for b in batches}) == 1
     torch._dynamo.reset()
@@ -117,13 +160,13 @@ def test_compiled_one_graph_per_canvas(tiny_cfg, tiny_weights):
 @pytest.mark.slow
 @pytest.mark.xla
 def test_ignored_on_xla(tiny_cfg, tiny_weights):
-    """On XLA (no strides) the field changes nothing: same outputs as the default layout there."""
+    """On XLA (no strides) the field changes nothing: the same outputs for every setting there."""
     pytest.importorskip("torch_xla", reason="torch_xla is not installed")
     import torch_xla  # optional backend: imported only where the test runs
 
     cfg = small_cfg(tiny_cfg, ops_impl="tensor")
     device = torch_xla.device()
     images = textured_images(((128, 112),), seed=6)
-    out = [_static(cfg, tiny_weights, channels_last=cl).to(device).predict(images)[0] for cl in (False, True)]
+    out = [_static(cfg, tiny_weights, channels_last=cl).to(device).predict(images)[0] for cl in (False, True, "auto")]
     for key in ("boxes", "scores", "labels", "masks"):
-        assert torch.equal(out[0][key], out[1][key]), key
+        assert torch.equal(out[0][key], out[1][key]) and torch.equal(out[0][key], out[2][key]), key

@@ -1,6 +1,7 @@
 """The CPU levers, each timed on and off in one interleaved run of the static model.
 
     python bench/studies/cpu_levers/levers.py channels_last [--workloads coco,tiny] [--rounds N] [--out results/levers]
+    python bench/studies/cpu_levers/levers.py layout        [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py freezing      [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py linear        [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py aoti          [--workloads coco,tiny] [--rounds N]
@@ -10,6 +11,13 @@ Levers (``off`` is the model and compiler as shipped):
 
 - ``channels_last``: ``Config.channels_last`` False / True, eager and under inductor
   (``torch.compile(fullgraph=True, dynamic=False)``).
+- ``layout``: the default ``channels_last="auto"`` (on the CPU: NHWC activations, the conv weights
+  as loaded) against False and against True (weights converted too), eager and under inductor; and
+  torchvision's own model (``torchvision_model``, eager, its own transform on the raw image) with its
+  conv weights in channels_last against as shipped, the layout the harness gives its eager rows when
+  the static model's resolves to channels_last. The committed run's inductor row converted the input
+  to NHWC; it measured slower, so "auto" now keeps NCHW under torch.compile and that row compares
+  two equal graphs.
 - ``freezing``: inductor with ``torch._inductor.config.freezing`` False / True (constant folding,
   batch norm folded into the convolutions, weights prepacked for oneDNN and MKL), under no_grad.
   The option must be set globally while dynamo traces: ``torch.compile(options={"freezing": True})``
@@ -69,6 +77,7 @@ from torch._dynamo.utils import counters
 from mrcnn.config import get_config
 from mrcnn.export import DeployedModel, build_packages
 from mrcnn.model import MaskRCNN
+from mrcnn.reference import torchvision_model
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
@@ -78,7 +87,7 @@ from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import machine_state
 
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640), 20), "tiny": ("tiny", (240, 320), 40)}
-LEVERS = ("channels_last", "freezing", "linear", "aoti")
+LEVERS = ("channels_last", "layout", "freezing", "linear", "aoti")
 REPO = Path(__file__).resolve().parents[3]
 Call = Callable[[], Any]
 
@@ -153,11 +162,35 @@ def with_box_linears(model: MaskRCNN, kind: type[nn.Module], rows: int) -> MaskR
     return model
 
 
-def variants(lever: str, cfg, weights: dict[str, Tensor], batch: ImageBatch, modes: list[str]):
-    """-> ({variant: call}, [(mode, off variant, on variant)], {variant: output fn for parity})."""
+def _layout_variants(cfg, weights: dict[str, Tensor], batch: ImageBatch, images: list[Tensor], modes: list[str]):
+    """Static: channels_last False (off), True (on: weights converted) and "auto"; torchvision eager
+    with its conv weights in channels_last (on) or as shipped (off), on the raw image."""
     calls: dict[str, Call] = {}
     pairs: list[tuple[str, str, str]] = []
-    if lever == "channels_last":
+    for mode in modes:
+        states = {"off": False, "on": True, "auto": "auto"} if mode == "eager" else {"off": False, "auto": "auto"}
+        for state, value in states.items():
+            model = _static(cfg, weights, channels_last=value)
+            fn = _compiled(model) if mode == "inductor" else model
+            calls[f"{mode}:{state}"] = lambda fn=fn: fn(batch)
+        pairs += [(mode, f"{mode}:off", f"{mode}:{state}") for state in list(states)[1:]]
+    for state in ("off", "on"):
+        reference = torchvision_model(cfg).eval()
+        reference.load_state_dict(weights)
+        if state == "on":
+            reference.to(memory_format=torch.channels_last)
+        calls[f"torchvision_eager:{state}"] = lambda reference=reference: reference(images)
+    pairs.append(("torchvision_eager", "torchvision_eager:off", "torchvision_eager:on"))
+    return calls, pairs
+
+
+def variants(lever: str, cfg, weights: dict[str, Tensor], batch: ImageBatch, modes: list[str], images=None):
+    """-> ({variant: call}, [(mode, off variant, on variant)]). ``images``: the raw images of ``batch``."""
+    calls: dict[str, Call] = {}
+    pairs: list[tuple[str, str, str]] = []
+    if lever == "layout":
+        calls, pairs = _layout_variants(cfg, weights, batch, images, modes)
+    elif lever == "channels_last":
         for mode in modes:
             for state in ("off", "on"):
                 model = _static(cfg, weights, channels_last=state == "on")
@@ -217,6 +250,13 @@ def _difference(a: Any, b: Any) -> dict[str, Any]:
     """Max |on - off| per output field; valid and labels compared exactly."""
     if isinstance(a, Tensor):
         return {"max_abs": float((a - b).abs().max())}
+    if isinstance(a, list):  # torchvision's outputs, one dict per image
+        a, b = a[0], b[0]
+        out = {"detections": [len(a["boxes"]), len(b["boxes"])]}
+        if len(a["boxes"]) == len(b["boxes"]) > 0:
+            out.update({f"{k}_max_abs": float((a[k] - b[k]).abs().max()) for k in ("boxes", "scores")})
+            out["labels_equal"] = bool(torch.equal(a["labels"], b["labels"]))
+        return out
     if isinstance(a, tuple) and not hasattr(a, "_fields"):  # the box head alone: (logits, deltas)
         return {f"out{i}_max_abs": float((x - y).abs().max()) for i, (x, y) in enumerate(zip(a, b))}
     out: dict[str, Any] = {"valid_equal": bool(torch.equal(a.valid, b.valid))}
@@ -233,9 +273,10 @@ def setup(lever: str, workload: str, modes: list[str], warmup: int) -> tuple[dic
     cfg = get_config(preset)
     weights_s, weights = timing.timed(lambda: synthetic_weights(cfg, seed=0))
     info: dict[str, Any] = {"preset": preset, "image_size": list(size), "weights_s": weights_s}
-    batch = to_image_batch(textured_images((size,), seed=0), cfg)
+    images = textured_images((size,), seed=0)
+    batch = to_image_batch(images, cfg)
     info["canvas"] = list(batch.tensors.shape[-2:])
-    calls, pairs = variants(lever, cfg, weights, batch, modes)
+    calls, pairs = variants(lever, cfg, weights, batch, modes, images)
     first: dict[str, float] = {}
     outputs: dict[str, Any] = {}
     packs = {}
@@ -361,7 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("lever", choices=(*LEVERS, "report"))
     parser.add_argument("name", nargs="?", help="report: the lever whose JSON lines to summarise")
     parser.add_argument("--workloads", default="coco,tiny")
-    parser.add_argument("--modes", default="eager,inductor", help="channels_last: eager and/or inductor")
+    parser.add_argument("--modes", default="eager,inductor", help="channels_last, layout: eager and/or inductor")
     parser.add_argument("--rounds", type=int, default=0, help="0: coco 20, tiny 40")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
