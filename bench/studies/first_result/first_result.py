@@ -1,0 +1,247 @@
+"""How long until a new process gets its first detections from static inductor, cold and warm?
+
+    python bench/studies/first_result/first_result.py run [--workloads coco,tiny] [--rounds 3] [--out DIR]
+    python bench/studies/first_result/first_result.py report [--out results/first_result]
+
+Each round starts three fresh Python processes, one after the other, each with its own inductor
+cache folder (``TORCHINDUCTOR_CACHE_DIR``; nothing from ``/tmp/torchinductor_$USER`` is read):
+
+- ``cold``: an empty cache folder. After its first result the process saves the caches' portable
+  artifacts (``torch.compiler.save_cache_artifacts``) to a file.
+- ``warm``: the cold process's cache folder, as a second process on the same machine finds it.
+- ``artifacts``: a new, empty cache folder and the cold process's artifacts file, loaded with
+  ``torch.compiler.load_cache_artifacts`` before compiling: a fresh machine given the artifacts.
+
+A process imports torch and mrcnn, builds the model, loads weights from a checkpoint file (as a
+user loads theirs; random values, since compilation does not depend on them), makes the
+``ImageBatch`` of one textured image, and calls ``torch.compile(model, fullgraph=True,
+dynamic=False)`` on it under no_grad: the user's path in ``docs/model.md``. Time to first result
+is the wall time from the launch of the process to the first call's return, measured by the parent;
+the process reports its parts (model and weights, artifacts loading, first call; the rest is the
+interpreter's start-up and the imports) and one more call (the steady state, for scale). Each
+round's three processes are appended to ``OUT/first_result.jsonl`` when the round ends, so a rerun
+resumes at the next round; ``report`` (and the end of ``run``) writes ``OUT/first_result.json``
+and ``OUT/first_result.md``: per workload and mode the median of the rounds with their range and
+count, beside the goals (cold 45 s, warm 10 s, COCO size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "bench"))
+
+from mrcnn_bench import store  # noqa: E402
+from mrcnn_bench.journal import read_lines  # noqa: E402
+
+# workload -> (preset, image (h, w))
+WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640)), "tiny": ("tiny", (240, 320))}
+MODES = ("cold", "warm", "artifacts")
+GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0}  # at COCO size, this host kind
+NAME = "first_result"
+
+
+def child(preset: str, size: tuple[int, int], weights: Path, save: Path | None, load: Path | None) -> dict[str, Any]:
+    """One process's first result; runs in the child. Prints nothing but its JSON record."""
+    import torch
+
+    from mrcnn.config import get_config
+    from mrcnn.model import MaskRCNN
+    from mrcnn.transform import to_image_batch
+    from mrcnn.weights import textured_images
+
+    t_import = time.perf_counter()  # the start; the parent's launch time covers start-up and imports
+    model = MaskRCNN(get_config(preset)).eval()
+    model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    batch = to_image_batch(textured_images((size,), seed=0), model.cfg)
+    t_model = time.perf_counter()
+    loaded = None
+    if load is not None:
+        info = torch.compiler.load_cache_artifacts(load.read_bytes())
+        loaded = {k: len(v) for k, v in vars(info).items() if isinstance(v, list)} if info else None
+    t_load = time.perf_counter()
+    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    with torch.no_grad():
+        det = compiled(batch)
+        t_first, first_epoch = time.perf_counter(), time.time()
+        compiled(batch)
+        t_second = time.perf_counter()
+    saved = None
+    if save is not None:
+        artifacts = torch.compiler.save_cache_artifacts()
+        if artifacts is not None:
+            save.write_bytes(artifacts[0])
+            saved = save.stat().st_size
+    return {
+        "model_s": t_model - t_import, "load_artifacts_s": t_load - t_model,
+        "first_call_s": t_first - t_load, "second_call_s": t_second - t_first, "first_result_epoch": first_epoch,
+        "valid_detections": int(det.valid.sum()), "artifacts_loaded": loaded, "artifacts_saved_bytes": saved,
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+    }  # fmt: skip
+
+
+def _launch(args: list[str], cache: Path) -> dict[str, Any]:
+    """Run this file's ``child`` command in a new process; -> its record, with ``first_result_s``:
+    the launch (here) to the return of its first call (there), on the machine's clock."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    launched = time.time()
+    done = subprocess.run([sys.executable, __file__, "child", *args], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"child process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"first_result_s": record.pop("first_result_epoch") - launched, **record}
+
+
+def run(workloads: list[str], rounds: int, out: Path) -> None:
+    import torch
+
+    from mrcnn.config import get_config
+    from mrcnn.model import MaskRCNN
+
+    out.mkdir(parents=True, exist_ok=True)
+    journal = out / f"{NAME}.jsonl"
+    done = read_lines(journal) if journal.exists() else []
+    with tempfile.TemporaryDirectory(prefix="first_result_") as tmp_name:
+        tmp = Path(tmp_name)
+        for workload in workloads:
+            preset, size = WORKLOADS[workload]
+            weights = tmp / f"{preset}.pt"
+            torch.manual_seed(0)
+            torch.save(MaskRCNN(get_config(preset)).state_dict(), weights)
+            base = ["--preset", preset, "--size", f"{size[0]}x{size[1]}", "--weights", str(weights)]
+            start = sum(1 for r in done if r["workload"] == workload and r["mode"] == "artifacts")
+            for index in range(start, rounds):
+                cache, fresh = tmp / f"{workload}{index}_cache", tmp / f"{workload}{index}_fresh"
+                artifacts = tmp / "artifacts.bin"
+                plan = {"cold": ([*base, "--save", str(artifacts)], cache), "warm": (base, cache),
+                        "artifacts": ([*base, "--load", str(artifacts)], fresh)}  # fmt: skip
+                rows = []
+                for mode in MODES:
+                    record = _launch(*plan[mode])
+                    rows.append({"workload": workload, "preset": preset, "size": list(size), "round": index,
+                                 "mode": mode, **record, "loadavg_1m": os.getloadavg()[0],
+                                 "date": time.strftime("%Y-%m-%d %H:%M:%S")})  # fmt: skip
+                    print(f"{workload} round {index + 1}/{rounds} {mode}: first result "
+                          f"{record['first_result_s']:.1f} s (first call {record['first_call_s']:.1f} s)",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                with journal.open("a") as f:  # a round whole or not at all, so a rerun redoes a broken one
+                    f.writelines(json.dumps(row) + "\n" for row in rows)
+    report(out)
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def report(out: Path) -> dict[str, Any]:
+    """``OUT/first_result.jsonl`` -> ``.json`` and ``.md``."""
+    rows = read_lines(out / f"{NAME}.jsonl")
+    if not rows:
+        raise SystemExit(f"no records in {out / (NAME + '.jsonl')}: run `run` first")
+    for r in rows:  # launch to the child's first line: the interpreter's start-up and every import
+        r["startup_s"] = r["first_result_s"] - r["model_s"] - r["load_artifacts_s"] - r["first_call_s"]
+    parts = ("first_result_s", "startup_s", "model_s", "load_artifacts_s", "first_call_s", "second_call_s")
+    summary: dict[str, Any] = {
+        "command": "python bench/studies/first_result/first_result.py run",
+        "commit": store.git("rev-parse", "--short", "HEAD"), "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
+        "torch": rows[-1]["torch"], "threads": rows[-1]["threads"], "goals_s": GOALS_S, "workloads": {},
+    }  # fmt: skip
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        mine = [r for r in rows if r["workload"] == workload]
+        summary["workloads"][workload] = {
+            "preset": mine[0]["preset"], "size": mine[0]["size"],
+            "modes": {m: {p: _spread([r[p] for r in mine if r["mode"] == m]) for p in parts}
+                      for m in MODES if any(r["mode"] == m for r in mine)},
+            "artifacts_bytes": _spread([r["artifacts_saved_bytes"] for r in mine if r.get("artifacts_saved_bytes")])
+            if any(r.get("artifacts_saved_bytes") for r in mine) else None,
+            "loadavg_1m": _spread([r["loadavg_1m"] for r in mine]),
+        }  # fmt: skip
+    store.write_atomic(out / f"{NAME}.json", json.dumps(summary, indent=1) + "\n")
+    store.write_atomic(out / f"{NAME}.md", _markdown(summary))
+    return summary
+
+
+def _markdown(summary: dict[str, Any]) -> str:
+    lines = [
+        "# Time to first result: static inductor in a new process, cold and warm",
+        "",
+        f"Command: `{summary['command']}` (see `bench/studies/first_result/first_result.py`). Commit "
+        f"{summary['commit']}; torch {summary['torch']}, {summary['threads']} threads, {summary['cpu']}.",
+        "",
+        "Seconds, median of the rounds [min-max] (n rounds). First result: launch of the process to the "
+        "return of its first call. Goals at COCO size: cold 45 s, warm (second process, or a fresh cache "
+        "folder given the artifacts) 10 s.",
+        "",
+        "| workload | mode | first result | start-up and imports | model + weights | load artifacts | first call "
+        "| next call | goal | n |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for workload, w in summary["workloads"].items():
+        for mode, m in w["modes"].items():
+
+            def cell(part: str, m: dict = m) -> str:
+                s = m[part]
+                return f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
+
+            goal = summary["goals_s"][mode] if workload == "coco" else None
+            met = "" if goal is None else (f"{goal:.0f} s, met" if m["first_result_s"]["max"] <= goal
+                                           else f"{goal:.0f} s, **missed**")  # fmt: skip
+            lines.append(
+                f"| {workload} ({w['preset']} {w['size'][0]}x{w['size'][1]}) | {mode} | {cell('first_result_s')} | "
+                f"{cell('startup_s')} | {cell('model_s')} | {cell('load_artifacts_s')} | {cell('first_call_s')} | "
+                f"{cell('second_call_s')} | {met} | {m['first_result_s']['n']} |"
+            )
+    lines += ["", "A goal counts as met only when every round met it (the max, not the median)."]
+    for workload, w in summary["workloads"].items():
+        if w["artifacts_bytes"]:
+            lines.append(
+                f"{workload}: artifacts file {w['artifacts_bytes']['median'] / 1e6:.1f} MB; "
+                f"load average (1 min) {w['loadavg_1m']['min']:.1f}-{w['loadavg_1m']['max']:.1f}."
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _size(text: str) -> tuple[int, int]:
+    h, _, w = text.partition("x")
+    return int(h), int(w)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="measure (resumes at the next round)")
+    r.add_argument("--workloads", default="coco,tiny", help="comma-separated, from: " + ", ".join(WORKLOADS))
+    r.add_argument("--rounds", type=int, default=3, help="rounds per workload (default 3)")
+    rep = sub.add_parser("report", help="rewrite the .json and .md from the .jsonl")
+    for p in (r, rep):
+        p.add_argument("--out", type=Path, default=REPO / "results" / "first_result")
+    c = sub.add_parser("child", help=argparse.SUPPRESS)
+    c.add_argument("--preset", required=True)
+    c.add_argument("--size", type=_size, required=True)
+    c.add_argument("--weights", type=Path, required=True)
+    c.add_argument("--save", type=Path)
+    c.add_argument("--load", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "child":
+        print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load)))
+    elif args.command == "run":
+        unknown = set(args.workloads.split(",")) - set(WORKLOADS)
+        if unknown or args.rounds < 1:
+            parser.error(f"unknown workloads {sorted(unknown)}" if unknown else "--rounds must be at least 1")
+        run(args.workloads.split(","), args.rounds, args.out)
+    else:
+        report(args.out)
+
+
+if __name__ == "__main__":
+    main()
