@@ -41,7 +41,7 @@ from mrcnn.model import MaskRCNN  # noqa: E402
 from mrcnn.recipes import get_recipe  # noqa: E402
 from mrcnn.reference import torchvision_model  # noqa: E402
 from mrcnn.weights import load_torchvision_weights  # noqa: E402
-from mrcnn_bench import store  # noqa: E402
+from mrcnn_bench import store, timing  # noqa: E402
 from mrcnn_bench.fixed_accuracy import Fixture  # noqa: E402
 
 GOAL = 0.005  # |bf16 AP - fp32 AP|, boxes and masks
@@ -58,7 +58,7 @@ def score(row: tuple[str, str, str], state: dict[str, torch.Tensor], recipe: str
     kind, compiler, precision = row
     cfg = get_recipe(recipe).config()
     amp = "bf16" if precision == "bf16" else "none"
-    start = time.perf_counter()
+    wall = timing.Stopwatch()
     if kind == "torchvision":
         model = torchvision_model(cfg)
         model.load_state_dict(state)
@@ -69,7 +69,7 @@ def score(row: tuple[str, str, str], state: dict[str, torch.Tensor], recipe: str
             torch._dynamo.reset()
             model = torch.compile(model, fullgraph=True, dynamic=False)
         metrics = evaluate(model, dataset, cfg, batch_size=2, device=DEVICE, amp=amp)
-    return {"box_ap": metrics["bbox/AP"], "mask_ap": metrics["segm/AP"], "seconds": time.perf_counter() - start}
+    return {"box_ap": metrics["bbox/AP"], "mask_ap": metrics["segm/AP"], "seconds": wall.elapsed()}
 
 
 def verdicts(rows: dict[str, dict]) -> list[dict[str, Any]]:
