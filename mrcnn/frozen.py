@@ -25,8 +25,9 @@ import torch._inductor.config
 from torch import nn
 
 
-def _own_forward(model: nn.Module) -> Callable[..., Any]:
-    """``model.forward`` bound to ``model``, with an equal but distinct code object."""
+def own_forward(model: nn.Module) -> Callable[..., Any]:
+    """``model.forward`` bound to ``model``, with an equal but distinct code object: compiled, it
+    gets graphs of its own, never shared with another compile of the model's class."""
     fn = type(model).forward
     code = fn.__code__.replace()
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
@@ -51,7 +52,7 @@ class FrozenInference:
     def __init__(self, model: nn.Module, **compile_options: Any) -> None:
         self.model = model.eval()
         options = {"fullgraph": True, "dynamic": False, **compile_options}
-        self._compiled = torch.compile(_own_forward(model), **options)
+        self._compiled = torch.compile(own_forward(model), **options)
         self._versions: tuple[int, ...] | None = None
 
     def _weight_versions(self) -> tuple[int, ...]:

@@ -23,7 +23,7 @@ Levers (``off`` is the model and compiler as shipped):
   The option must be set globally while dynamo traces: ``torch.compile(options={"freezing": True})``
   and a backend that patches it around ``compile_fx`` do not freeze in torch 2.9 (dynamo has made
   the parameters graph inputs by then; no weight-pack pattern fires). Each compiled variant gets a
-  forward code object of its own (:func:`own_forward`).
+  forward code object of its own (:func:`mrcnn.frozen.own_forward`).
 - ``linear``: the box head's linear layers (TwoMLPHead's fc6 and fc7, the predictor's two) through
   MKL's sgemm (``F.linear``, eager as shipped) or through oneDNN with the weights packed once
   (``torch.ops.mkldnn._linear_pointwise``); alone (``box_head``, on the P RoIs of one image, with the
@@ -64,7 +64,6 @@ import statistics
 import sys
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,6 +75,7 @@ from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
 from mrcnn.export import DeployedModel, build_packages
+from mrcnn.frozen import own_forward
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
 from mrcnn.structures import ImageBatch
@@ -98,17 +98,6 @@ Call = Callable[[], Any]
 
 def _static(cfg, weights: dict[str, Tensor], **changes) -> MaskRCNN:
     return load_torchvision_weights(MaskRCNN(cfg.replace(**changes)).eval(), weights)
-
-
-def own_forward(model: nn.Module) -> Callable[..., Any]:
-    """``model.forward`` with a code object of its own. Dynamo keeps compiled graphs per code object
-    and, with parameters as graph inputs, lets two models of one class share them: a model compiled
-    with freezing would then run the other's unfrozen graph (or the reverse, with the other's weights
-    baked in), silently. Its own code object gives each compiled variant its own graphs."""
-    fn = type(model).forward
-    code = fn.__code__.replace()  # an equal, distinct code object
-    return types.MethodType(types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__),
-                            model)  # fmt: skip
 
 
 def _compiled(model: nn.Module, freezing: bool = False) -> Callable[[ImageBatch], Any]:
