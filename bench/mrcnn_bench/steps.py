@@ -1,13 +1,15 @@
 """``mrcnn-bench steps``: the change points of the history across commits, and which are regressions.
 
-    mrcnn-bench steps [--machine NAME] [--results results/asv] [--revs main] [--json]
+    mrcnn-bench steps [--machine NAME] [--results results/asv] [--revs main] [--stages] [--json]
     mrcnn-bench steps --series FILE.csv [--json]
 
 Reads the held figures of one asv machine over one line of commits (default: main's line, on the
 one machine that has results for :data:`mrcnn_bench.history_series.MIN_MAIN_COMMITS` or more of its
 commits) or, with ``--series``, plain series from a CSV file (``commit``, ``value``, optionally
 ``metric``: :func:`mrcnn_bench.history_series.read_csv`), and finds each metric's change points
-with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series.
+with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series. ``--stages``
+reads the stage ratios instead (``Stages.track_ratio``: each stage of a case over the ruler's same
+stage): where in the model a level moved, including steps too small to move the whole call.
 
 Prints a table; with ``--json`` only a JSON list on stdout (the table goes to stderr), one object
 per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``after``,
@@ -46,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--revs", default=DEFAULT_REVS,
                         help="the line of commits, as `git rev-list` takes it (default: %(default)s)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: %(default)s)")
+    parser.add_argument("--stages", action="store_true",
+                        help="the stage ratios (Stages.track_ratio) instead of the held figures; not with --series")
     parser.add_argument("--json", action="store_true",
                         help="print only the change points as a JSON list on stdout; the table goes to stderr")
 
@@ -53,11 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
     """The series the arguments name, and a line saying where they come from."""
     if args.series is not None:
+        if args.stages:
+            raise ValueError("--stages reads asv's results; a --series file holds its own metrics")
         series = history_series.read_csv(args.series)
         return series, f"{args.series}: {len(series)} metric(s)"
     line = asv_results_table.line_of_commits(args.repo, args.revs)
     machine = args.machine or history_series.default_machine(args.results, line, args.revs)
-    series, short = history_series.read_asv(args.results, machine, line)
+    which = history_series.STAGES if args.stages else history_series.HELD
+    series, short = history_series.read_asv(args.results, machine, line, which)
     if not series:
         raise ValueError(f"machine {machine!r}: no metric has {changepoints.MIN_POINTS} or more commits of "
                          f"{args.revs} (the change-point method needs that many)")
