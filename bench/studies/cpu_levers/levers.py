@@ -75,7 +75,7 @@ from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
 from mrcnn.export import DeployedModel, build_packages
-from mrcnn.frozen import own_forward
+from mrcnn.frozen import FrozenInference, own_forward
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
 from mrcnn.structures import ImageBatch
@@ -101,16 +101,10 @@ def _static(cfg, weights: dict[str, Tensor], **changes) -> MaskRCNN:
 
 
 def _compiled(model: nn.Module, freezing: bool = False) -> Callable[[ImageBatch], Any]:
-    """inductor, static shapes, one graph; ``freezing`` patched in around every call: dynamo reads it
-    while tracing (parameters become guarded constants) and inductor while compiling, at the first
-    call; later calls of the same canvas compile nothing."""
-    compiled = torch.compile(own_forward(model), fullgraph=True, dynamic=False)
-
-    def call(batch: ImageBatch) -> Any:
-        with torch._inductor.config.patch(freezing=freezing):
-            return compiled(batch)
-
-    return call
+    """inductor, static shapes, one graph, on a forward of its own; with ``freezing``, the library's
+    :class:`mrcnn.frozen.FrozenInference` (freezing patched in around every call, where dynamo and
+    inductor read it at the first call; later calls of the same canvas compile nothing)."""
+    return FrozenInference(model) if freezing else torch.compile(own_forward(model), fullgraph=True, dynamic=False)
 
 
 class OneDNNLinear(nn.Module):
