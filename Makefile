@@ -84,6 +84,10 @@ STEPS_RANGE := asv-steps~29^..asv-steps
 # another host or another fixture start a series of their own. Named when a recipe runs, after
 # asv-fixture has made the fixture, by one call that also registers it; its failure (no fixture:
 # exit 2) stops the recipe before asv runs.
+# Resumable: a benchmark already measured at a commit under the suite's current version is skipped,
+# one measured under an older version is measured again (asv's --skip-existing; a commit is
+# skipped whole only when all of its benchmarks are current).
+ASV_SKIP := --skip-existing
 ASV_RUN = name=$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine --register) && $(VENV)/bin/asv run --machine "$$name"
 
 asv-fixture: $(STAMP)
@@ -97,7 +101,7 @@ asv-same: asv-fixture
 	$(ASV_RUN) --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
 
 asv-commits: asv-fixture
-	$(ASV_RUN) --show-stderr --skip-existing-commits $(or $(RANGE),HEAD~2..HEAD)
+	$(ASV_RUN) --show-stderr $(ASV_SKIP) $(or $(RANGE),HEAD~2..HEAD)
 
 # main's history; resumable (commits already measured are skipped). The commits that change the
 # code under test (mrcnn/ or the dependencies): the harness comes from this checkout, so every other
@@ -105,7 +109,7 @@ asv-commits: asv-fixture
 # by host: more than one session may add to it, on the same kind of host (the machine name).
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
-	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/history_commits.txt
+	$(ASV_RUN) --show-stderr $(ASV_SKIP) HASHFILE:.asv/history_commits.txt
 
 # The held figures of every commit one machine has (this host's by default), oldest first. A
 # machine that holds main's history and the scratch range needs one table per line of commits:
@@ -117,14 +121,14 @@ asv-table: $(STAMP)
 
 # The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
 asv-scratch-run: asv-fixture asv-scratch
-	$(ASV_RUN) --show-stderr --skip-existing-commits $(SCRATCH_RANGE)
+	$(ASV_RUN) --show-stderr $(ASV_SKIP) $(SCRATCH_RANGE)
 
 # The steps range: is a 3% or a 5% step found at its commit, with its stage (29 commits and the base,
 # about 2.5 hours; resumable).
 # Measured with its levels interleaved (asv_scratch.py --measure-order), so a partial run is balanced.
 asv-steps-run: asv-fixture asv-scratch
 	mkdir -p .asv && $(PY) bench/tools/asv_scratch.py --range steps --measure-order > .asv/steps_commits.txt
-	$(ASV_RUN) --show-stderr --skip-existing-commits HASHFILE:.asv/steps_commits.txt
+	$(ASV_RUN) --show-stderr $(ASV_SKIP) HASHFILE:.asv/steps_commits.txt
 
 # The latency gate's error rates through its own code path (live compares; hours; resumable).
 latency-study: $(STAMP)
