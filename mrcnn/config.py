@@ -19,6 +19,11 @@ BOX_ROI_SIZE = 7
 
 Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples of size_divisible
 
+# The mask branch's detection-count buckets of ``mask_detection_buckets="auto"`` (those below K,
+# then K): powers of two, so that a batch's mask branch runs on at most twice the slots it fills
+# and a compiled staged detector builds few graphs.
+AUTO_MASK_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
+
 
 def level_stride(canvas: int, size: int) -> int:
     """The power-of-two stride of a feature map ``size`` long on a side ``canvas`` long.
@@ -122,14 +127,17 @@ class Config:
     mask_dilation: int = 1
     mask_dim_reduced: int = 256
     mask_roi_size: int = 14  # RoIAlign output; the predictor upsamples to 2x this
-    # Detection-count buckets for the mask branch at inference, opt-in. Empty (the default): the
-    # mask branch runs on all K slots inside ``forward``, one graph per canvas (what XLA/TPU should
-    # use). Sizes n, positive, strictly increasing, at most K (K is appended when the last is
-    # smaller): ``predict`` then runs the box stage, reads the valid counts on the host and runs the
-    # mask branch on the smallest n that holds every image's valid detections in the batch (one
-    # graph per (canvas, n) when the stages are compiled; see :class:`mrcnn.model.StagedDetector`).
-    # Outputs are equal to the single graph's. ``forward`` itself ignores this field.
-    mask_detection_buckets: tuple[int, ...] = ()
+    # Detection-count buckets for the mask branch in ``predict``. Sizes n, positive, strictly
+    # increasing, at most K (K is appended when the last is smaller): ``predict`` runs the box stage,
+    # reads the valid counts on the host and runs the mask branch on the smallest n that holds every
+    # image's valid detections in the batch (:class:`mrcnn.staged.StagedDetector`; one graph per
+    # (canvas, n) when the stages are compiled). Outputs equal the single graph's. Empty: the mask
+    # branch runs on all K slots, one graph per canvas (what XLA/TPU should use: the host read splits
+    # each call in two). "auto" (the default) resolves by device (mrcnn.staged.stages_masks): the
+    # buckets of :data:`AUTO_MASK_BUCKETS` in eager on the CPU, where the staged path was measured
+    # faster; the single graph elsewhere, under torch.compile and for an in-place compiled model.
+    # ``forward`` itself ignores this field. Measured: docs/model.md.
+    mask_detection_buckets: tuple[int, ...] | str = "auto"
 
     # Ground truth padding (training and evaluation of padded batches).
     max_gt_instances: int = 100
@@ -154,10 +162,14 @@ class Config:
 
     @property
     def mask_buckets(self) -> tuple[int, ...]:
-        """The mask branch's detection-count buckets in use: ``mask_detection_buckets`` ending with
-        K (``box_detections_per_img``), or (K,) alone when none are set."""
+        """The mask branch's detection-count buckets when staged: ``mask_detection_buckets`` (those
+        of :data:`AUTO_MASK_BUCKETS` below K for "auto") ending with K (``box_detections_per_img``),
+        or (K,) alone when none are set."""
         k = self.box_detections_per_img
-        buckets = tuple(self.mask_detection_buckets)
+        if self.mask_detection_buckets == "auto":
+            buckets = tuple(n for n in AUTO_MASK_BUCKETS if n < k)
+        else:
+            buckets = tuple(self.mask_detection_buckets)
         return buckets if buckets and buckets[-1] == k else (*buckets, k)
 
     @property
@@ -223,11 +235,14 @@ class Config:
 
     def _buckets_problems(self, name: str, largest: int, largest_name: str) -> list[str]:
         buckets = getattr(self, name)
+        if name == "mask_detection_buckets" and buckets == "auto":
+            return []
         if isinstance(buckets, list):  # e.g. from ``--set mask_detection_buckets=[8,32]``
             object.__setattr__(self, name, buckets := tuple(buckets))
         what = f"{name} {buckets!r}"
         if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
-            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64)"]
+            auto = " or 'auto'" if name == "mask_detection_buckets" else ""
+            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64){auto}"]
         problems = []
         if any(n <= 0 for n in buckets):
             problems.append(f"{what} must be positive")

@@ -8,9 +8,10 @@ proposals then go to the RoI heads' sampler rather than to detection.
 
 ``predict`` wraps inference for a list of images: transform (host) -> forward -> postprocess (host).
 
-With ``cfg.mask_detection_buckets``, ``predict`` runs in two stages instead
-(:class:`mrcnn.staged.StagedDetector`): ``box_stage`` (everything up to the K detections), a host
-read of the valid counts, then ``mask_stage`` on the smallest bucket of n slots that holds them.
+Where ``cfg.mask_detection_buckets`` says so (by default: eager on the CPU), ``predict`` runs in
+two stages instead (:class:`mrcnn.staged.StagedDetector`): ``box_stage`` (everything up to the K
+detections), a host read of the valid counts, then ``mask_stage`` on the smallest bucket of n
+slots that holds them.
 Training has the same split (``box_training_stage``, ``mask_training_stage``) for
 ``cfg.mask_train_buckets`` (:class:`mrcnn.staged.StagedTrainer`). An eval-mode ``forward`` stays
 the single graph.
@@ -29,7 +30,7 @@ from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
-from mrcnn.staged import StagedDetector, mask_slot_prefix
+from mrcnn.staged import StagedDetector, mask_slot_prefix, stages_masks
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 from mrcnn.transform import group_by_canvas, to_image_batch
 
@@ -168,11 +169,14 @@ class MaskRCNN(nn.Module):
 
         Images are grouped by canvas bucket (one forward per bucket, so a portrait and a landscape
         image each get their tight canvas); ``batch_size`` pads each group's batch to that size.
-        With ``cfg.mask_detection_buckets`` each batch goes through :class:`StagedDetector` instead
-        of ``forward`` (same outputs, the mask branch on fewer slots).
+        Where ``cfg.mask_detection_buckets`` stages the mask branch on this device
+        (:func:`mrcnn.staged.stages_masks`: by default, eager on the CPU) each batch goes through
+        :class:`StagedDetector` instead of ``forward`` (same outputs, the mask branch on fewer slots).
         """
-        detect = StagedDetector(self) if self.cfg.mask_detection_buckets else self
         device = next(self.parameters()).device
+        # A model compiled in place (nn.Module.compile) runs its compiled forward: "auto" keeps it.
+        compiled = getattr(self, "_compiled_call_impl", None) is not None
+        detect = StagedDetector(self) if stages_masks(self.cfg, device, compiled) else self
         groups = group_by_canvas(images, self.cfg)
         results: list[dict[str, Tensor]] = [{} for _ in images]
         for indices in groups.values():

@@ -8,8 +8,8 @@ Valid detections and sampled positives fill the first slots, so the outputs equa
 graph's. Each stage is a fixed-shape function: one graph per canvas for the first, one per
 (canvas, bucket) for the second when they are compiled.
 
-:class:`StagedDetector` is inference (``cfg.mask_detection_buckets``), :class:`StagedTrainer` the
-training forward (``cfg.mask_train_buckets``).
+:class:`StagedDetector` is inference (``cfg.mask_detection_buckets``, where :func:`stages_masks`
+says so), :class:`StagedTrainer` the training forward (``cfg.mask_train_buckets``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,22 @@ from mrcnn.config import Canvas, Config
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+# The device types where ``mask_detection_buckets="auto"`` stages ``predict``: where the mask branch
+# on a bucket was measured faster than on all K slots in eager (the CPU: docs/model.md). XLA keeps
+# the single graph (the host read would split each call into two device programs); CUDA is left
+# on it until measured there.
+AUTO_STAGED = frozenset({"cpu"})
+
+
+def stages_masks(cfg: Config, device: torch.device, compiled: bool = False) -> bool:
+    """Whether inference on ``device`` runs the mask branch on a bucket (:class:`StagedDetector`):
+    set buckets always; "auto" on :data:`AUTO_STAGED` in eager only. ``compiled``: the caller runs
+    the model compiled (``nn.Module.compile``, a compiled row), which "auto" keeps whole, since the
+    stages are other functions than the compiled ``forward``."""
+    if cfg.mask_detection_buckets == "auto":
+        return device.type in AUTO_STAGED and not compiled and not torch.compiler.is_compiling()
+    return bool(cfg.mask_detection_buckets)
 
 
 def mask_bucket(buckets: Sequence[int], count: int) -> int:

@@ -73,9 +73,32 @@ def _staged(model: nn.Module, case: Case) -> bool:
     """A static case whose config has mask buckets for its phase: the forward to time is the two
     stages of ``mrcnn.staged`` (first stage, host read of the counts, mask branch on a bucket), as
     ``MaskRCNN.predict`` and the library's training run them, rather than the single graph.
-    Inference reads ``mask_detection_buckets``, training ``mask_train_buckets``."""
-    field = "mask_train_buckets" if case.phase == "training" else "mask_detection_buckets"
-    return case.interface == "static" and bool(getattr(getattr(model, "cfg", None), field, ()))
+    Inference: :func:`inference_staged`; training reads ``mask_train_buckets``."""
+    cfg = getattr(model, "cfg", None)
+    if case.interface != "static" or cfg is None:
+        return False
+    if case.phase == "training":
+        return bool(getattr(cfg, "mask_train_buckets", ()))
+    return inference_staged(cfg, case, next(model.parameters()).device)
+
+
+def inference_staged(cfg: Config, case: Case, device: torch.device) -> bool:
+    """Whether a static inference row on ``device`` runs the mask branch staged: set
+    ``mask_detection_buckets`` always; "auto" as ``predict`` resolves it there, with the compiled
+    rows kept on the one graph (the tracked series)."""
+    buckets = getattr(cfg, "mask_detection_buckets", ())
+    if buckets == "auto":
+        # Imported here: only a checkout with "auto" reaches it, and such a checkout has it.
+        from mrcnn.staged import stages_masks
+
+        return stages_masks(cfg, device, compiled=case.compiler != "eager")
+    return bool(buckets)
+
+
+def _set_buckets(model: nn.Module) -> bool:
+    """Whether the config names detection buckets of its own (not the default "auto")."""
+    buckets = getattr(getattr(model, "cfg", None), "mask_detection_buckets", ())
+    return bool(buckets) and buckets != "auto"
 
 
 def _staged_forward(model: nn.Module, case: Case, compiled: bool, warm_ahead: bool) -> Callable[..., Any]:
@@ -127,7 +150,7 @@ def build_frozen(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """Inductor with freezing (:class:`mrcnn.frozen.FrozenInference`: the weights constants of the
     graphs), inference only. Static: one graph per canvas, as the inductor row; torchvision with its
     graph breaks and dynamo's default shapes, as its inductor row."""
-    if _staged(model, case):
+    if _set_buckets(model):
         raise ValueError("the frozen rows compile the single graph; mask_detection_buckets: run them without it")
     try:
         # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it.
@@ -140,7 +163,7 @@ def build_frozen(model: nn.Module, case: Case, slowdown: float) -> Compiled:
 
 
 def _build_deployed(model: nn.Module, fmt: str, slowdown: float) -> Compiled:
-    if getattr(getattr(model, "cfg", None), "mask_detection_buckets", ()):
+    if _set_buckets(model):
         raise ValueError(
             f"the {fmt} rows deploy the single graph (one package per canvas); mask_detection_buckets "
             "has no deployed form: run these rows without it"

@@ -22,7 +22,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mrcnn_bench import backends
 from mrcnn_bench.cases import Row
 from mrcnn_bench.context import Context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.pipelines import Pipeline, inference_staged
 
 
 def _best_rate(fn: Callable[[], Any], flops: float, reps: int) -> float:
@@ -62,10 +62,25 @@ def count_flops(fn: Callable[[], Any]) -> float:
     return float(counter.get_total_flops())
 
 
+def auto_staged(row: Row, ctx: Context) -> bool | None:
+    """For a static inference row whose config leaves ``mask_detection_buckets`` at "auto": whether
+    the row runs the mask branch staged (:func:`mrcnn_bench.pipelines.inference_staged`); None for
+    every other row."""
+    if row.case.interface != "static" or row.case.phase != "inference":
+        return None
+    cfg = ctx.config(row.variant, row.case.overrides)
+    if cfg.mask_detection_buckets != "auto":
+        return None
+    return inference_staged(cfg, row.case, torch.device(row.case.backend))
+
+
 def case_flops(row: Row, ctx: Context) -> float:
     """FLOPs of one call of ``row`` (eager, CPU, same inputs): the work its GFLOP/s divides."""
     case = dataclasses.replace(row.case, backend="cpu", compiler="eager", precision="fp32", bounded=False)
     pipeline = Pipeline(Row(case, row.variant), ctx)
+    if auto_staged(row, ctx) is False:
+        # The eager CPU stand-in, which "auto" stages, does the work of the row's single graph.
+        pipeline.cfg = pipeline.cfg.replace(mask_detection_buckets=())
     pipeline.setup()
     return count_flops(lambda: pipeline.call(0))
 

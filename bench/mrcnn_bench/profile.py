@@ -52,26 +52,56 @@ STAGE_KEYS = dict(zip(
 Runs = dict[str, tuple[torch.nn.Module, Callable[[], Any]]]  # name -> (model, one call)
 
 
+# Stage modules whose work the staged path (mrcnn.staged: MaskRCNN.box_stage and mask_stage) calls
+# as methods rather than through ``forward``: they are metered as part of the module too (once, when
+# ``forward`` calls them itself). torchvision's modules have no such methods.
+_METHODS = {"roi_heads": ("detect_boxes", "masks")}
+
+
 @contextlib.contextmanager
 def metered(model: torch.nn.Module, meter: Callable[[], float], sums: dict[str, float]) -> Iterator[None]:
-    """While open, each stage module's forward adds ``meter()``'s growth over it to ``sums[name]``."""
+    """While open, each stage module's forward (and its :data:`_METHODS`) adds ``meter()``'s growth
+    over it to ``sums[name]``; a call nested in another of the same module counts once."""
     starts: dict[str, float] = {}
-    handles = []
-    for name in _STAGE_MODULES:
-        module = model.get_submodule(name)
+    depth: dict[str, int] = {}
 
-        def pre(_m, _a, name=name) -> None:
+    def enter(name: str) -> None:
+        if not depth.get(name):
             starts[name] = meter()
+        depth[name] = depth.get(name, 0) + 1
 
-        def post(_m, _a, _o, name=name) -> None:
+    def leave(name: str) -> None:
+        depth[name] -= 1
+        if not depth[name]:
             sums[name] = sums.get(name, 0.0) + meter() - starts[name]
 
-        handles += [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+    handles = []
+    patched: list[tuple[torch.nn.Module, str]] = []
+    for name in _STAGE_MODULES:
+        module = model.get_submodule(name)
+        handles += [module.register_forward_pre_hook(lambda _m, _a, name=name: enter(name)),
+                    module.register_forward_hook(lambda _m, _a, _o, name=name: leave(name))]  # fmt: skip
+        for method in _METHODS.get(name, ()):
+            original = getattr(module, method, None)
+            if original is None:
+                continue
+
+            def wrapped(*args: Any, original: Callable[..., Any] = original, name: str = name, **kwargs: Any) -> Any:
+                enter(name)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    leave(name)
+
+            setattr(module, method, wrapped)  # an instance attribute: it shadows the class's method
+            patched.append((module, method))
     try:
         yield
     finally:
         for h in handles:
             h.remove()
+        for module, method in patched:
+            delattr(module, method)
 
 
 def by_stage(sums: dict[str, float]) -> dict[str, float]:

@@ -20,20 +20,21 @@ from mrcnn_bench.cases import Variant
 from mrcnn_bench.context import Context
 from mrcnn_bench.execution import InProcessRow, RowRunner
 from mrcnn_bench.pipelines import Pipeline
-from mrcnn_bench.probes import case_flops
+from mrcnn_bench.probes import auto_staged, case_flops
 from mrcnn_bench.records import RowResult
 
 Log = Callable[[str], None]  # the run's log line (mrcnn_bench.runner.log)
 
 
 def count_row_flops(results: list[RowResult], ctx: Context, log: Log) -> None:
-    """FLOPs per call, counted once per (implementation, phase, config overrides, variant) on the
-    eager CPU model: a case's overrides (mask buckets) change the work a call does."""
+    """FLOPs per call, counted once per (implementation, phase, config overrides, variant, staged or
+    not) on the eager CPU model: a case's overrides (mask buckets) change the work a call does, and
+    so does whether "auto" mask buckets stage the row (eager CPU rows) or not (compiled rows)."""
     cache: dict[tuple, float] = {}
     for r in results:
         if r.row.variant.code is not None or r.status != "ok":
             continue  # other code is counted in its own process only
-        key = (r.row.case.impl, r.row.case.phase, r.row.case.overrides, r.row.variant)
+        key = (r.row.case.impl, r.row.case.phase, r.row.case.overrides, r.row.variant, auto_staged(r.row, ctx))
         if key not in cache:
             try:
                 cache[key] = case_flops(r.row, ctx)

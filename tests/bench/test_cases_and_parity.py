@@ -89,3 +89,23 @@ def test_every_compiler_has_one_registered_pipeline():
     assert set(pipelines.PIPELINES) == set(COMPILERS)
     with pytest.raises(ValueError, match="already registered"):
         pipelines.register_pipeline("eager")(pipelines.build_eager)
+
+
+def test_auto_mask_buckets_stage_eager_cpu_rows_and_their_flop_count_only(tiny_weights):
+    """With the default "auto" mask buckets the eager CPU row runs staged (as ``predict`` does) and
+    the compiled and XLA rows the single graph; each row's FLOPs, counted on an eager CPU stand-in,
+    are those of the work the row does, so the staged row's are fewer with few detections."""
+    from mrcnn.weights import textured_images
+    from mrcnn_bench.cases import Row
+    from mrcnn_bench.context import Context
+    from mrcnn_bench.probes import auto_staged, case_flops
+
+    overrides = {"box_score_thresh": 0.9}  # a few detections: the staged mask branch runs on 8 slots
+    ctx = Context("tiny", overrides, Workload(), tiny_weights, textured_images(((240, 320),), 11), [], 1, 0)
+    eager, inductor, xla = (Row(CASES[n]) for n in ("static/eager", "static/inductor", "static/xla"))
+    assert [auto_staged(r, ctx) for r in (eager, inductor, xla)] == [True, False, False]
+    assert auto_staged(Row(CASES["torchvision/eager"]), ctx) is None
+    assert auto_staged(Row(CASES["static/inductor+buckets"]), ctx) is None  # its own buckets
+    staged, single = case_flops(eager, ctx), case_flops(inductor, ctx)
+    assert 0 < staged < single
+    assert case_flops(xla, ctx) == single

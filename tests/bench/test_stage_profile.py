@@ -51,7 +51,9 @@ def test_profile_times_and_counts_every_stage_of_both_models():
     """The static backbone runs the ResNet's and FPN's layers itself, so hooks on ``backbone.body``
     never fire there (its stage once read 0 s and its time landed "outside the network"). On this
     workload (the image fills the canvas, every detection slot valid) both models do the same work
-    in every stage, so their FLOPs per stage must agree."""
+    in every stage, so their FLOPs per stage must agree. The static eager row runs staged (the
+    default mask buckets on the CPU), which calls the RoI heads' halves as methods: they must still
+    count as the RoI heads, not as "outside the network"."""
     ctx, _ = make_context(ContextOptions(Workload(preset="tiny", images=1)))
     times, flops = profile_stages(ctx, reps=1)
     backbone, outside, total = "backbone: ResNet body + FPN", STAGES[-2][0], "total, end to end"

@@ -15,7 +15,7 @@ from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
-from mrcnn.staged import StagedDetector, mask_bucket
+from mrcnn.staged import StagedDetector, mask_bucket, stages_masks
 from mrcnn.structures import Detections, ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
@@ -50,7 +50,9 @@ def _assert_equal(got: Detections, expected: Detections, images: torch.Tensor | 
 
 def test_config_buckets_default_and_k_appended():
     cfg = get_config("tiny")
-    assert cfg.mask_detection_buckets == () and cfg.mask_buckets == (100,)
+    assert cfg.mask_detection_buckets == "auto" and cfg.mask_buckets == (8, 16, 32, 64, 100)
+    assert cfg.replace(box_detections_per_img=32).mask_buckets == (8, 16, 32)
+    assert cfg.replace(mask_detection_buckets=()).mask_buckets == (100,)
     assert cfg.replace(mask_detection_buckets=(8, 16)).mask_buckets == (8, 16, 100)
     assert cfg.replace(mask_detection_buckets=(8, 100)).mask_buckets == (8, 100)
     assert cfg.replace(box_detections_per_img=32, mask_detection_buckets=(8, 16)).mask_buckets == (8, 16, 32)
@@ -69,6 +71,7 @@ def test_config_buckets_default_and_k_appended():
         ((8.0, 16), "must be a tuple of ints"),
         ((True,), "must be a tuple of ints"),
         (8, "must be a tuple of ints"),
+        ("on", "must be a tuple of ints, e.g. (8, 16, 32, 64) or 'auto'"),
     ],
 )
 def test_config_rejects_bad_buckets(buckets, message):
@@ -91,6 +94,44 @@ def test_bucket_rule_smallest_that_holds_the_batch_max(tiny_cfg, tiny_weights):
     assert detector.bucket(valid) == 32
     valid[1, :] = True
     assert detector.bucket(valid) == 100
+
+
+def test_auto_stages_eager_cpu_only():
+    auto = get_config("tiny")
+    cpu, xla, cuda = torch.device("cpu"), torch.device("xla"), torch.device("cuda")
+    assert stages_masks(auto, cpu)
+    assert not stages_masks(auto, cpu, compiled=True)
+    assert not stages_masks(auto, xla) and not stages_masks(auto, cuda)
+    # Set buckets stage everywhere, none nowhere.
+    for device in (cpu, xla, cuda):
+        assert stages_masks(auto.replace(mask_detection_buckets=(8,)), device, compiled=True)
+        assert not stages_masks(auto.replace(mask_detection_buckets=()), device)
+
+
+def _forward_calls(model: MaskRCNN) -> list[int]:
+    calls: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    return calls
+
+
+def test_default_predict_stages_on_cpu_unless_compiled_in_place(tiny_cfg, tiny_weights, monkeypatch):
+    """predict with the default config runs the staged path (no call of the single graph), with the
+    single graph's outputs; a model compiled in place keeps its compiled forward."""
+    cfg = tiny_cfg.replace(box_score_thresh=RAISED_THRESH, channels_last=False)
+    auto = load_torchvision_weights(MaskRCNN(cfg).eval(), tiny_weights)
+    single = load_torchvision_weights(MaskRCNN(cfg.replace(mask_detection_buckets=())).eval(), tiny_weights)
+    auto_calls, single_calls = _forward_calls(auto), _forward_calls(single)
+    got, expected = auto.predict([FEW, PORTRAIT]), single.predict([FEW, PORTRAIT])
+    assert auto_calls == [] and len(single_calls) == 2  # one forward per canvas
+    for g, e in zip(got, expected):
+        for key in ("boxes", "scores", "labels"):
+            assert torch.equal(g[key], e[key]), key
+        torch.testing.assert_close(g["masks"], e["masks"], atol=1e-6, rtol=0)
+    # nn.Module.compile wraps the call in torch.compile; an identity stands in for it here.
+    monkeypatch.setattr(torch, "compile", lambda fn, *args, **kwargs: fn)
+    auto.compile()
+    auto.predict([FEW])
+    assert auto_calls == [1]
 
 
 # -- outputs equal the single graph -------------------------------------------------------------
