@@ -5,6 +5,7 @@
     python bench/studies/cpu_levers/levers.py freezing      [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py linear        [--workloads coco,tiny] [--rounds N]
     python bench/studies/cpu_levers/levers.py aoti          [--workloads coco,tiny] [--rounds N]
+    python bench/studies/cpu_levers/levers.py buckets       [--workloads coco_thresh075,coco,tiny_thresh075]
     python bench/studies/cpu_levers/levers.py report LEVER  # rewrite LEVER.md and LEVER.json from LEVER.jsonl
 
 Levers (``off`` is the model and compiler as shipped):
@@ -30,6 +31,11 @@ Levers (``off`` is the model and compiler as shipped):
   MKL-packed form freezing emits, ``torch.ops.mkl._mkl_linear``, as a third variant) and in the eager
   model. Under freezing, inductor packs fp32 linears for MKL whenever torch has MKL (x86); it has
   no option for oneDNN there.
+- ``buckets``: the mask branch on all K slots (``mask_detection_buckets=()``, the single graph)
+  against the default "auto" buckets run staged (:class:`mrcnn.staged.StagedDetector`: box stage,
+  host read of the valid count, mask stage on the smallest bucket that holds it), eager and under
+  inductor (each stage ``fullgraph=True, dynamic=False``), on workloads with few detections
+  (``*_thresh075``) and with all K valid.
 - ``aoti``: where an AOTInductor package loses time against inductor. Inductor as shipped (the CPU
   runs torchvision's NMS and RoIAlign kernels) against inductor on the pure-tensor ops
   (``ops_impl="tensor"``, the form every package is exported in), and that against the package
@@ -40,10 +46,12 @@ Levers (``off`` is the model and compiler as shipped):
 
 Workloads: ``coco``: coco_r50_fpn, one textured 480x640 image (canvas 800x1088), weights
 ``synthetic_weights(cfg, seed=0)`` (calibrated: all 100 detection slots valid); ``tiny``: the tiny
-preset, one 240x320 image (canvas 320x448), ``synthetic_weights(tiny, 0)``. The timed call is the
-model's forward on the prepared ``ImageBatch`` under no_grad (the host's resize and mask pasting are
-the same for every setting and left out). Default rounds: coco 20, tiny 40; each variant is called
-twice before the rounds (its first call, with any compilation, is reported apart).
+preset, one 240x320 image (canvas 320x448), ``synthetic_weights(tiny, 0)``; ``*_thresh075``: the
+same with ``box_score_thresh=0.75`` (a few detections, as ``results/runs``' thresh075 table). The
+timed call is the model's forward (or staged form) on the prepared ``ImageBatch`` under no_grad
+(the host's resize and mask pasting are the same for every setting and left out). Default rounds:
+coco 20, tiny 40; each variant is called twice before the rounds (its first call, with any
+compilation, is reported apart).
 
 Method (:mod:`mrcnn_bench.onoff`): every round calls each variant of a workload once, the order
 reversed every other round; each call is appended to ``OUT/LEVER.jsonl`` with the machine's state
@@ -78,6 +86,7 @@ from mrcnn.export import DeployedModel, build_packages
 from mrcnn.frozen import FrozenInference, own_forward
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
+from mrcnn.staged import StagedDetector
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
@@ -86,8 +95,14 @@ from mrcnn_bench.journal import read_lines
 from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import machine_state
 
-WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640), 20), "tiny": ("tiny", (240, 320), 40)}
-LEVERS = ("channels_last", "layout", "freezing", "linear", "aoti")
+# name -> (preset, image size, default rounds, config changes)
+WORKLOADS = {
+    "coco": ("coco_r50_fpn", (480, 640), 20, {}),
+    "coco_thresh075": ("coco_r50_fpn", (480, 640), 20, {"box_score_thresh": 0.75}),
+    "tiny": ("tiny", (240, 320), 40, {}),
+    "tiny_thresh075": ("tiny", (240, 320), 40, {"box_score_thresh": 0.75}),
+}
+LEVERS = ("channels_last", "layout", "freezing", "linear", "aoti", "buckets")
 REPO = Path(__file__).resolve().parents[3]
 Call = Callable[[], Any]
 
@@ -201,6 +216,14 @@ def variants(lever: str, cfg, weights: dict[str, Tensor], batch: ImageBatch, mod
         pairs.append(("eager", "eager:off", "eager:on"))
     elif lever == "aoti":
         calls, pairs = _aoti_variants(cfg, weights, batch)
+    elif lever == "buckets":
+        for mode in modes:
+            single, auto = _static(cfg, weights, mask_detection_buckets=()), _static(cfg, weights)
+            fn = _compiled(single) if mode == "inductor" else single
+            # Inductor: the compiled staged form, built at the call's bucket only (not warm_ahead).
+            staged = StagedDetector.compiled(auto) if mode == "inductor" else StagedDetector(auto)
+            calls[f"{mode}:off"], calls[f"{mode}:on"] = (lambda fn=fn: fn(batch)), (lambda s=staged: s(batch))
+            pairs.append((mode, f"{mode}:off", f"{mode}:on"))
     else:
         raise ValueError(f"unknown lever {lever!r}; choose from {LEVERS}")
     return calls, pairs
@@ -252,10 +275,10 @@ def _difference(a: Any, b: Any) -> dict[str, Any]:
 
 
 def setup(lever: str, workload: str, modes: list[str], warmup: int) -> tuple[dict[str, Call], list, dict]:
-    preset, size, _ = WORKLOADS[workload]
-    cfg = get_config(preset)
+    preset, size, _, changes = WORKLOADS[workload]
+    cfg = get_config(preset, **changes)
     weights_s, weights = timing.timed(lambda: synthetic_weights(cfg, seed=0))
-    info: dict[str, Any] = {"preset": preset, "image_size": list(size), "weights_s": weights_s}
+    info: dict[str, Any] = {"preset": preset, "changes": changes, "image_size": list(size), "weights_s": weights_s}
     images = textured_images((size,), seed=0)
     batch = to_image_batch(images, cfg)
     info["canvas"] = list(batch.tensors.shape[-2:])
@@ -384,9 +407,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lever", choices=(*LEVERS, "report"))
     parser.add_argument("name", nargs="?", help="report: the lever whose JSON lines to summarise")
-    parser.add_argument("--workloads", default="coco,tiny")
-    parser.add_argument("--modes", default="eager,inductor", help="channels_last, layout: eager and/or inductor")
-    parser.add_argument("--rounds", type=int, default=0, help="0: coco 20, tiny 40")
+    parser.add_argument("--workloads", default="coco,tiny", help=f"comma list of {', '.join(WORKLOADS)}")
+    parser.add_argument("--modes", default="eager,inductor", help="channels_last, layout, buckets: eager, inductor")
+    parser.add_argument("--rounds", type=int, default=0, help="0: coco* 20, tiny* 40")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=REPO / "results" / "levers")
@@ -401,6 +424,9 @@ def main(argv: list[str] | None = None) -> None:
     torch._inductor.config.fx_graph_cache = False
     meta = _meta(opts.lever, argv)
     infos: dict[str, dict] = {}
+    unknown = set(opts.workloads.split(",")) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(WORKLOADS)}")
     for workload in opts.workloads.split(","):
         calls, pairs, info = setup(opts.lever, workload, opts.modes.split(","), opts.warmup)
         infos[workload] = {**info, "pairs": pairs}
