@@ -15,6 +15,7 @@ that says whether the method found it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import subprocess
 import sys
@@ -22,18 +23,16 @@ from pathlib import Path
 
 from mrcnn_bench import asv_results_table, history_series
 
-MARK = "[slowdown]"
+MARK = "[slowdown]"  # the kind in a range commit's subject (mrcnn_bench.scratch_range.message)
 
 
 def levels_of(repo: Path, line: list[str]) -> dict[str, int]:
     """8-character hash -> level: how many ``[slowdown]`` commits come at or before it."""
-    out, level = {}, 0
-    for commit in line:
-        subject = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%s", commit],
-                                 capture_output=True, text=True, check=True).stdout  # fmt: skip
-        level += MARK in subject
-        out[commit[:8]] = level
-    return out
+    # One git call for every subject, in the line's order (--no-walk=unsorted keeps it).
+    subjects = subprocess.run(["git", "-C", str(repo), "log", "--no-walk=unsorted", "--format=%s", *line],
+                              capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    levels = itertools.accumulate(int(MARK in subject) for subject in subjects)
+    return {commit[:8]: level for commit, level in zip(line, levels, strict=True)}
 
 
 def table(series: history_series.Series, level: dict[str, int]) -> list[str]:
