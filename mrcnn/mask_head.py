@@ -35,13 +35,24 @@ def pooling_features(features: list[Tensor], impl: str) -> list[Tensor]:
     return features
 
 
-def mask_logits(cfg: Config, head: nn.Module, predictor: nn.Module, features: list[Tensor], boxes: Tensor) -> Tensor:
-    """features: P2..P5 [B, C, H_l, W_l]; boxes [B, R, 4] -> logits [B, R, num_classes, M, M]."""
+def mask_logits(
+    cfg: Config,
+    head: nn.Module,
+    predictor: nn.Module,
+    features: list[Tensor],
+    boxes: Tensor,
+    images: Tensor | None = None,
+) -> Tensor:
+    """features: P2..P5 [B, C, H_l, W_l]; boxes [B', R, 4] -> logits [B', R, num_classes, M, M].
+
+    ``images`` [B', R] names the image each RoI is pooled from (packed training slots); None pools
+    row b of ``boxes`` from image b (B' = B).
+    """
     b, r = boxes.shape[:2]
     impl = resolve_impl(cfg.ops_impl, boxes.device)
     pooled = multilevel_roi_align(
-        pooling_features(features, impl), boxes, cfg.mask_roi_size, sampling_ratio=2, impl=impl
-    )  # [B, R, C, S, S]
+        pooling_features(features, impl), boxes, cfg.mask_roi_size, sampling_ratio=2, impl=impl, images=images
+    )  # [B', R, C, S, S]
     logits = predictor(head(conv_layout(pooled.flatten(0, 1), cfg)))  # RoIAlign writes NCHW
     return logits.view(b, r, *logits.shape[1:])
 

@@ -30,7 +30,7 @@ from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
-from mrcnn.staged import StagedDetector, mask_slot_prefix, stages_masks
+from mrcnn.staged import StagedDetector, packed_mask_rois, stages_masks
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 from mrcnn.transform import group_by_canvas, to_image_batch
 
@@ -56,19 +56,20 @@ class MaskRCNN(nn.Module):
         :class:`~mrcnn.structures.Targets`) and returns torchvision's losses as scalars:
         ``loss_objectness``, ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg``,
         ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does. With
-        ``cfg.mask_train_buckets`` an eager call trains the mask branch on the smallest bucket of
-        slots that holds the batch's sampled positives (same losses; one host read).
+        ``cfg.mask_train_buckets`` an eager call trains the mask branch on the batch's sampled
+        positives packed into the smallest bucket that holds them (same losses; one host read).
 
         Targets on the CPU are validated here (:func:`mrcnn.losses.check_targets`) unless the call
         is being compiled; validate on the host before moving a batch to an accelerator.
         """
         if self.training:
             losses, pooled, rois, targets = self.box_training_stage(batch, targets)
+            images = None
             if self.cfg.mask_train_buckets and not torch.compiler.is_compiling():
-                # Eager: the mask branch on the smallest bucket that holds the batch's positives
+                # Eager: the mask branch on the batch's positives packed into the smallest bucket
                 # (one host read). A compiled forward keeps all Q slots: same loss, no graph break.
-                rois = mask_slot_prefix(rois, self.cfg.mask_train_slots)
-            losses["loss_mask"] = self.mask_training_stage(pooled, targets, rois, canvas_of(batch))
+                rois, images = packed_mask_rois(rois, self.cfg.mask_train_slots)
+            losses["loss_mask"] = self.mask_training_stage(pooled, targets, rois, canvas_of(batch), images)
             return losses
         features, pooled, extents = self.features(batch)
         proposals, _ = self.rpn(features, batch.image_sizes, canvas_of(batch), extents=extents)
@@ -84,7 +85,8 @@ class MaskRCNN(nn.Module):
         Returns the RPN's and box branch's losses (``loss_objectness``, ``loss_rpn_box_reg``,
         ``loss_classifier``, ``loss_box_reg``), the pooled P2..P5 features, the mask branch's Q
         training slots (positives first) and the targets as the mask loss reads them; the mask
-        loss is :meth:`mask_training_stage` on any prefix of the slots that holds the positives.
+        loss is :meth:`mask_training_stage` on any prefix of the slots that holds the positives, or
+        on the positives packed into one row.
         """
         if not self.training:
             raise RuntimeError("box_training_stage is training only (call model.train())")
@@ -104,11 +106,17 @@ class MaskRCNN(nn.Module):
         return losses, pooled, rois, targets
 
     def mask_training_stage(
-        self, pooled: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: Canvas
+        self,
+        pooled: list[Tensor],
+        targets: Targets,
+        rois: MaskTrainingRoIs,
+        canvas: Canvas,
+        images: Tensor | None = None,
     ) -> Tensor:
-        """``loss_mask`` on the n training slots of ``rois`` (a prefix of :meth:`box_training_stage`'s
-        that holds every positive). One fixed-shape function per (canvas, n)."""
-        return self.roi_heads.mask_branch_loss(pooled, targets, rois, canvas)
+        """``loss_mask`` on the training slots ``rois``, [B, n] (a prefix of :meth:`box_training_stage`'s
+        that holds every positive) or, with ``images`` [1, n], the batch's positives packed into one
+        row (:func:`mrcnn.staged.pack_positives`). One fixed-shape function per (canvas, n)."""
+        return self.roi_heads.mask_branch_loss(pooled, targets, rois, canvas, images)
 
     def features(self, batch: ImageBatch) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
         """-> (P2..P6 for the RPN, P2..P5 for RoIAlign, extents [B, 2] or None).

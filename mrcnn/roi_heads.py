@@ -13,7 +13,8 @@ mask branch takes the first int(box_batch_size_per_image * box_positive_fraction
 (the positive quota, capped at K): they hold every sampled positive, and the loss counts only
 those. ``mask_rois_per_image`` shortens that prefix to a random subset of the positives.
 :meth:`RoIHeads.box_loss` and :meth:`RoIHeads.mask_branch_loss` are the two halves, so that the mask
-branch can run on a shorter prefix that still holds every positive (``mask_train_buckets``).
+branch can run on fewer slots that still hold every positive (``mask_train_buckets``: the batch's
+positives packed into one row, whichever image they come from).
 """
 
 from __future__ import annotations
@@ -178,17 +179,29 @@ class RoIHeads(nn.Module):
         return losses, MaskTrainingRoIs(rois[:, :m], roi_labels[:, :m], roi_gt[:, :m], samples.positive[:, :m])
 
     def mask_branch_loss(
-        self, features: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: tuple[int, int]
+        self,
+        features: list[Tensor],
+        targets: Targets,
+        rois: MaskTrainingRoIs,
+        canvas: tuple[int, int],
+        images: Tensor | None = None,
     ) -> Tensor:
-        """features: P2..P5; padded targets; the mask branch's training slots [B, n] (any prefix of
-        :meth:`box_loss`'s that holds every positive gives the same value) -> ``loss_mask``."""
+        """features: P2..P5; padded targets; the mask branch's training slots -> ``loss_mask``.
+
+        ``rois`` are [B, n] (any prefix of :meth:`box_loss`'s that holds every positive gives the
+        same value) or, with ``images`` [B', n] naming each slot's image, slots of any images
+        (the batch's positives packed into one row).
+        """
         cfg = self.cfg
         if rois.boxes.shape[1] == 0:  # static: a config without positives has no mask loss to learn
             return sum(f.sum() for f in features) * 0.0
         with torch.no_grad():
             cropped = masks_are_cropped(targets, cfg, canvas)
-            target = mask_targets(
-                targets.masks, targets.boxes.to(rois.boxes.dtype), rois.gt_index, rois.boxes, cfg.mask_size, cropped
-            )
-        logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, rois.boxes)
+            masks, gt_boxes, gt_index = targets.masks, targets.boxes, rois.gt_index
+            if images is not None:
+                # Slots of any image read the batch's ground truth as one image of B * G slots.
+                gt_index = images * gt_boxes.shape[1] + gt_index
+                masks, gt_boxes = masks.flatten(0, 1)[None], gt_boxes.flatten(0, 1)[None]
+            target = mask_targets(masks, gt_boxes.to(rois.boxes.dtype), gt_index, rois.boxes, cfg.mask_size, cropped)
+        logits = mask_logits(cfg, self.mask_head, self.mask_predictor, features, rois.boxes, images)
         return mask_loss(class_mask_logits(logits, rois.labels), target, rois.positive)

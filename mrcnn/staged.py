@@ -2,11 +2,13 @@
 
 The single graph (``MaskRCNN.forward``) runs the mask branch on a fixed number of slots whatever the
 batch holds: K detections at inference, the Q-slot positive quota in training. Here the first stage
-ends where the mask branch starts, one host read takes the batch's largest count (valid detections,
-or sampled positives), and the second stage runs on the smallest bucket of slots that holds it.
-Valid detections and sampled positives fill the first slots, so the outputs equal the single
-graph's. Each stage is a fixed-shape function: one graph per canvas for the first, one per
-(canvas, bucket) for the second when they are compiled.
+ends where the mask branch starts, one host read takes the batch's count (the largest number of
+valid detections of an image; the sampled positives of the whole batch in training), and the second
+stage runs on the smallest bucket of slots that holds it. Valid detections fill the first slots, so
+the outputs equal the single graph's; training packs the batch's positives into one row of slots,
+whichever image they come from, and the mask loss, a mean over them, is the single graph's too.
+Each stage is a fixed-shape function: one graph per canvas for the first, one per (canvas, bucket)
+for the second when they are compiled.
 
 :class:`StagedDetector` is inference (``cfg.mask_detection_buckets``, where :func:`stages_masks`
 says so), :class:`StagedTrainer` the training forward (``cfg.mask_train_buckets``).
@@ -52,14 +54,18 @@ def mask_bucket(buckets: Sequence[int], count: int) -> int:
 
 
 def host_bucket(buckets: Sequence[int], filled: Tensor) -> int:
-    """filled [B, n] bool, filled slots first -> the bucket for the batch's largest count.
-
-    The one host read of a staged call. On XLA the pending graph runs first, with the count among
-    its outputs, so that the first stage's outputs stay on the device.
-    """
+    """filled [B, n] bool, filled slots first -> the bucket for the batch's largest count."""
     if not filled.numel():
         return buckets[0]
-    count = filled.sum(1).max()
+    return mask_bucket(buckets, host_int(filled.sum(1).max()))
+
+
+def host_int(count: Tensor) -> int:
+    """A scalar count on the device -> int: the one host read of a staged call.
+
+    On XLA the pending graph runs first, with the count among its outputs, so that the first
+    stage's outputs stay on the device.
+    """
     if count.device.type == "xla":
         # Imported here: only XLA tensors need it, and the library runs without torch_xla.
         import torch_xla
@@ -68,7 +74,7 @@ def host_bucket(buckets: Sequence[int], filled: Tensor) -> int:
         torch_xla.sync()
     # A copy to the host rather than int() on the device tensor: on XLA, .item() runs as a CPU
     # fallback op (aten::_local_scalar_dense); the copy is a plain transfer.
-    return mask_bucket(buckets, int(count.cpu()))
+    return int(count.cpu())
 
 
 def first_slots(slots: Any, n: int) -> Any:
@@ -76,9 +82,33 @@ def first_slots(slots: Any, n: int) -> Any:
     return type(slots)(*(t[:, :n] for t in slots))
 
 
-def mask_slot_prefix(rois: MaskTrainingRoIs, buckets: Sequence[int]) -> MaskTrainingRoIs:
-    """The mask branch's training slots cut to the smallest bucket that holds every positive."""
-    return first_slots(rois, min(host_bucket(buckets, rois.positive), rois.boxes.shape[1]))
+def packed_size(slots: Sequence[int], positive: Tensor) -> int:
+    """positive [B, m] -> n = B * s, the packed slots the batch's mask branch trains on: s the
+    smallest of ``slots`` (per image, increasing) that holds the batch's positives shared evenly,
+    ceil(total / B), capped at m. Reads the total on the host."""
+    b, m = positive.shape
+    total = host_int(positive.sum()) if positive.numel() else 0
+    return b * min(mask_bucket(slots, -(-total // max(b, 1))), m)
+
+
+def pack_positives(rois: MaskTrainingRoIs, n: int) -> tuple[MaskTrainingRoIs, Tensor]:
+    """[B, m] training slots -> ([1, n] slots, images [1, n]): every image's positives in turn,
+    then non-positive slots to fill n (out of the loss), and the image each slot belongs to.
+
+    The mask loss is a mean over the positives, so it is the same on any packing that holds them
+    all; packing lets one image's many positives use the slots another image's few leave free.
+    """
+    m = rois.positive.shape[1]
+    # A stable sort on "not positive" keeps the image order and, within an image, the sampler's.
+    order = torch.argsort((~rois.positive).flatten().to(torch.uint8), stable=True)[:n]
+    packed = type(rois)(*(t.flatten(0, 1).index_select(0, order)[None] for t in rois))
+    return packed, torch.div(order, m, rounding_mode="floor")[None]
+
+
+def packed_mask_rois(rois: MaskTrainingRoIs, slots: Sequence[int]) -> tuple[MaskTrainingRoIs, Tensor]:
+    """The mask branch's training slots packed into the smallest bucket that holds every positive
+    (:func:`packed_size`, :func:`pack_positives`)."""
+    return pack_positives(rois, packed_size(slots, rois.positive))
 
 
 def compile_stages(cfg: Config, buckets: Sequence[int], **options: Any) -> Wrap:
@@ -205,10 +235,11 @@ class StagedDetector(_Staged):
 class StagedTrainer(_Staged):
     """(ImageBatch, Targets) -> torchvision's five losses in two stages, the mask branch on a bucket.
 
-    Runs ``model.box_training_stage`` (RPN and box losses, sampling), reads the batch's largest
-    sampled-positive count on the host and runs ``model.mask_training_stage`` on the first n of the
-    Q slots, n the smallest of ``cfg.mask_train_slots`` that holds it. The losses, and so the
-    gradients, equal the single graph's: padded slots are out of the mask loss either way.
+    Runs ``model.box_training_stage`` (RPN and box losses, sampling), reads the batch's number of
+    sampled positives on the host and runs ``model.mask_training_stage`` on them packed into
+    n = B * s slots (:func:`packed_mask_rois`), s the smallest of ``cfg.mask_train_slots`` that
+    holds them shared evenly over the B images. The losses, and so the gradients, equal the single
+    graph's: padded slots are out of the mask loss either way.
 
     ``wrap`` wraps each stage; :meth:`compiled` is the ``torch.compile`` form, one static graph per
     canvas for the first stage and one per (canvas, n) used for the second, each with its backward.
@@ -226,10 +257,9 @@ class StagedTrainer(_Staged):
         if self.warm_ahead and canvas not in self._warm:
             self._warm_buckets(pooled, targets, rois, canvas)
             self._warm.add(canvas)
-        rois = mask_slot_prefix(rois, self.buckets)
-        n = rois.boxes.shape[1]
-        self._count(canvas, n)
-        return {**losses, "loss_mask": self.second_stage(pooled, targets, rois, canvas)}
+        rois, images = packed_mask_rois(rois, self.buckets)
+        self._count(canvas, rois.boxes.shape[1])
+        return {**losses, "loss_mask": self.second_stage(pooled, targets, rois, canvas, images)}
 
     def _warm_buckets(self, pooled: list[Tensor], targets: Targets, rois: MaskTrainingRoIs, canvas: Canvas) -> None:
         """Every bucket's forward and backward once, on detached features: no gradient reaches the
@@ -237,10 +267,12 @@ class StagedTrainer(_Staged):
         params = [p for p in self.model.roi_heads.parameters() if p.requires_grad]
         saved = [p.grad for p in params]
         detached = [f.detach().requires_grad_(f.requires_grad) for f in pooled]
-        for n in self.buckets:
-            if n > rois.boxes.shape[1]:
+        b, m = rois.positive.shape
+        for s in self.buckets:
+            if s > m:
                 continue
-            loss = self.second_stage(detached, targets, first_slots(rois, n), canvas)
+            packed, images = pack_positives(rois, b * s)
+            loss = self.second_stage(detached, targets, packed, canvas, images)
             if loss.requires_grad:
                 loss.backward()
         for p, g in zip(params, saved):

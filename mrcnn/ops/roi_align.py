@@ -35,6 +35,7 @@ def multilevel_roi_align(
     canonical_level: int = 4,
     impl: str = "tensor",
     scales: list[float] | None = None,
+    images: Tensor | None = None,
 ) -> Tensor:
     """Pool a fixed number of RoIs per image from an FPN pyramid.
 
@@ -50,9 +51,12 @@ def multilevel_roi_align(
         scales: spatial scale of each level (feature size / image size). If None, level 0 is taken
             to be stride 4 and level l gets ``2 ** round(log2(H_l / H_0)) / 4``, which is what
             torchvision infers when the image size is (4 * H_0, 4 * W_0).
+        images: [B', R] int64, the image (index into the features' batch) each RoI is pooled
+            from, with ``boxes`` [B', R, 4] for any B' (torchvision's roi format carries the same
+            index). None: row b of ``boxes`` pools from image b (B' = B).
 
     Returns:
-        [B, R, C, S, S] pooled features, in the features' dtype.
+        [B', R, C, S, S] pooled features, in the features' dtype.
 
     The "tensor" impl computes sample positions in the boxes' dtype and differentiates w.r.t.
     ``features`` through gathers. The "torchvision" impl casts boxes to the features' dtype (its
@@ -61,8 +65,12 @@ def multilevel_roi_align(
     """
     if not features:
         raise ValueError("features must hold at least one level")
-    if boxes.dim() != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != features[0].shape[0]:
-        raise ValueError(f"boxes must be [B, R, 4] with B = {features[0].shape[0]}, got {tuple(boxes.shape)}")
+    if images is None:
+        if boxes.dim() != 3 or boxes.shape[-1] != 4 or boxes.shape[0] != features[0].shape[0]:
+            raise ValueError(f"boxes must be [B, R, 4] with B = {features[0].shape[0]}, got {tuple(boxes.shape)}")
+    elif boxes.dim() != 3 or boxes.shape[-1] != 4 or tuple(images.shape) != tuple(boxes.shape[:2]):
+        shapes = f"{tuple(boxes.shape)}, {tuple(images.shape)}"
+        raise ValueError(f"boxes must be [B', R, 4] and images [B', R], got {shapes}")
     if sampling_ratio <= 0:
         raise ValueError(f"sampling_ratio must be > 0 for a static shape, got {sampling_ratio}")
     if scales is None:
@@ -71,11 +79,13 @@ def multilevel_roi_align(
         raise ValueError(f"{len(scales)} scales for {len(features)} levels")
     scales = [float(s) for s in scales]
     if resolve_impl(impl, boxes.device) == "torchvision":
+        # The custom op takes every RoI's image explicitly (its schema has no optional tensor).
+        images = _images(boxes, images).expand(boxes.shape[:2])
         return torch.ops.mrcnn.multilevel_roi_align_tv(
-            list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level
+            list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level, images
         )
     return torch.ops.mrcnn.multilevel_roi_align(
-        list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level
+        list(features), boxes, scales, output_size, sampling_ratio, canonical_scale, canonical_level, images
     )
 
 
@@ -109,6 +119,13 @@ def roi_levels(boxes: Tensor, scales: list[float], canonical_scale: int, canonic
     lvl = torch.where(has_level, lvl, torch.full_like(lvl, k_min))
     lvl = torch.clamp(lvl, min=k_min, max=k_max)
     return (lvl.to(torch.int64) - k_min), has_level
+
+
+def _images(boxes: Tensor, images: Tensor | None) -> Tensor:
+    """The image index of each RoI: ``images``, or [B, 1] row numbers (broadcast over R) when None."""
+    if images is not None:
+        return images
+    return torch.arange(boxes.shape[0], device=boxes.device)[:, None]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -203,6 +220,7 @@ def _roi_align_tensor(
     sampling_ratio: int,
     canonical_scale: int,
     canonical_level: int,
+    images: Tensor | None = None,
 ) -> Tensor:
     """Kernel of ``mrcnn::multilevel_roi_align``; :func:`multilevel_roi_align` checks the arguments."""
     b, r = boxes.shape[:2]
@@ -218,7 +236,7 @@ def _roi_align_tensor(
     # All levels flattened channels-last into one table: row b * sum(HW) + offset_l + y * W_l + x.
     # Channels-last makes each gathered row one contiguous C-vector.
     # cat writes the transposed views straight into its output: a single copy of the pyramid.
-    table = torch.cat([f.flatten(2).transpose(1, 2) for f in features], dim=1).reshape(b * per_image, c)
+    table = torch.cat([f.flatten(2).transpose(1, 2) for f in features], dim=1).reshape(-1, c)
 
     level, has_level = roi_levels(boxes, scales, canonical_scale, canonical_level)
     dtype = boxes.dtype
@@ -227,7 +245,7 @@ def _roi_align_tensor(
     width = _lookup(level, widths, dtype)
     row_stride = _lookup(level, widths, torch.int64)
     base = _lookup(level, offsets[:-1], torch.int64)
-    base = base + torch.arange(b, device=boxes.device)[:, None] * per_image  # [B, R]
+    base = base + _images(boxes, images) * per_image  # [B, R]
 
     x1, y1, x2, y2 = boxes.unbind(-1)
     start_x, start_y = x1 * scale, y1 * scale
@@ -276,7 +294,7 @@ def _roi_align_tensor(
 define_composite(
     "multilevel_roi_align",
     "(Tensor[] features, Tensor boxes, float[] scales, int output_size, int sampling_ratio, int canonical_scale,"
-    " int canonical_level) -> Tensor",
+    " int canonical_level, Tensor? images=None) -> Tensor",
     _roi_align_tensor,
 )
 
@@ -285,11 +303,11 @@ define_composite(
 # torchvision kernels behind fixed-shape custom ops
 
 
-def _rois(boxes: Tensor, dtype: torch.dtype) -> Tensor:
-    """[B, R, 4] -> [B*R, 5] (batch index, x1, y1, x2, y2), torchvision's roi format."""
+def _rois(boxes: Tensor, dtype: torch.dtype, images: Tensor) -> Tensor:
+    """[B, R, 4] boxes, [B, R] images -> [B*R, 5] (image index, x1, y1, x2, y2), torchvision's roi format."""
     b, r = boxes.shape[:2]
-    batch = torch.arange(b, device=boxes.device, dtype=dtype)[:, None, None].expand(b, r, 1)
-    return torch.cat([batch, boxes.to(dtype)], dim=2).reshape(b * r, 5)
+    index = images.to(dtype)[:, :, None].expand(b, r, 1)
+    return torch.cat([index, boxes.to(dtype)], dim=2).reshape(b * r, 5)
 
 
 def _level_members(boxes: Tensor, scales: list[float], canonical_scale: int, canonical_level: int) -> list[Tensor]:
@@ -307,12 +325,13 @@ def _multilevel_roi_align_tv(
     sampling_ratio: int,
     canonical_scale: int,
     canonical_level: int,
+    images: Tensor,
 ) -> Tensor:
     """Real kernel: MultiScaleRoIAlign's per-level loop over ``torchvision::roi_align``, each level's
     RoIs split into concurrent chunks on the CPU (:mod:`mrcnn.ops.parallel`)."""
     b, r = boxes.shape[:2]
     c = features[0].shape[1]
-    rois = _rois(boxes, features[0].dtype)
+    rois = _rois(boxes, features[0].dtype, images)
     out = features[0].new_zeros((b * r, c, output_size, output_size))
     members = _level_members(boxes, scales, canonical_scale, canonical_level)
     # The kernel makes its input NCHW-contiguous at every call: once per level here, not per chunk.
@@ -339,6 +358,7 @@ def _multilevel_roi_align_tv_fake(
     sampling_ratio: int,
     canonical_scale: int,
     canonical_level: int,
+    images: Tensor,
 ) -> Tensor:
     b, r = boxes.shape[:2]
     return features[0].new_empty((b, r, features[0].shape[1], output_size, output_size))
@@ -356,17 +376,19 @@ def _multilevel_roi_align_tv_backward(
     sampling_ratio: int,
     canonical_scale: int,
     canonical_level: int,
+    batch: int,
+    images: Tensor,
 ) -> list[Tensor]:
-    """grad [B, R, C, S, S] -> one [B, C, H_l, W_l] gradient per level."""
+    """grad [B', R, C, S, S] -> one [batch, C, H_l, W_l] gradient per level."""
     b, r, c, s = grad.shape[:4]
-    rois = _rois(boxes, grad.dtype)
+    rois = _rois(boxes, grad.dtype, images)
     flat = grad.reshape(b * r, c, s, s)
     members = _level_members(boxes, scales, canonical_scale, canonical_level)
 
     def scatter(level: int, idx: Tensor) -> Tensor:  # a whole [B, C, H, W] gradient per call
         h, w = heights[level], widths[level]
         return torch.ops.torchvision._roi_align_backward(
-            flat[idx].contiguous(), rois[idx], scales[level], s, s, b, c, h, w, sampling_ratio, False
+            flat[idx].contiguous(), rois[idx], scales[level], s, s, batch, c, h, w, sampling_ratio, False
         )
 
     groups = parallel.deal(members, parallel.num_chunks(grad.device))
@@ -376,7 +398,7 @@ def _multilevel_roi_align_tv_backward(
         for (level, _), part in zip(group, results):
             grads[level] = part if grads[level] is None else grads[level].add_(part)
     return [
-        g if g is not None else grad.new_zeros((b, c, h, w)) for g, h, w in zip(grads, heights, widths)
+        g if g is not None else grad.new_zeros((batch, c, h, w)) for g, h, w in zip(grads, heights, widths)
     ]
 
 
@@ -390,21 +412,24 @@ def _multilevel_roi_align_tv_backward_fake(
     sampling_ratio: int,
     canonical_scale: int,
     canonical_level: int,
+    batch: int,
+    images: Tensor,
 ) -> list[Tensor]:
-    b, c = grad.shape[0], grad.shape[2]
-    return [grad.new_empty((b, c, h, w)) for h, w in zip(heights, widths)]
+    c = grad.shape[2]
+    return [grad.new_empty((batch, c, h, w)) for h, w in zip(heights, widths)]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    features, boxes, scales, _, sampling_ratio, canonical_scale, canonical_level = inputs
-    ctx.save_for_backward(boxes)
+    features, boxes, scales, _, sampling_ratio, canonical_scale, canonical_level, images = inputs
+    ctx.save_for_backward(boxes, images)
+    ctx.batch = features[0].shape[0]
     ctx.heights = [f.shape[-2] for f in features]
     ctx.widths = [f.shape[-1] for f in features]
     ctx.args = (scales, sampling_ratio, canonical_scale, canonical_level)
 
 
 def _backward(ctx, grad: Tensor):
-    (boxes,) = ctx.saved_tensors
+    boxes, images = ctx.saved_tensors
     scales, sampling_ratio, canonical_scale, canonical_level = ctx.args
     grads = torch.ops.mrcnn.multilevel_roi_align_tv_backward(
         grad.contiguous(),
@@ -415,9 +440,11 @@ def _backward(ctx, grad: Tensor):
         sampling_ratio,
         canonical_scale,
         canonical_level,
+        ctx.batch,
+        images,
     )
     # Boxes get no gradient, as with torchvision's roi_align.
-    return list(grads), None, None, None, None, None, None
+    return list(grads), None, None, None, None, None, None, None
 
 
 _multilevel_roi_align_tv.register_autograd(_backward, setup_context=_setup_context)

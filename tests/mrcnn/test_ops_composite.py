@@ -38,7 +38,7 @@ def test_composite_ops_are_registered_as_composite_only():
     )
     assert str(ROI_OP._schema) == (
         "mrcnn::multilevel_roi_align(Tensor[] features, Tensor boxes, float[] scales, int output_size, "
-        "int sampling_ratio, int canonical_scale, int canonical_level) -> Tensor"
+        "int sampling_ratio, int canonical_scale, int canonical_level, Tensor? images=None) -> Tensor"
     )
 
 

@@ -89,6 +89,37 @@ def test_roi_align_gradient_matches_torchvision(roi_impl):
         torch.testing.assert_close(g_, r, atol=1e-5, rtol=1e-5)
 
 
+def test_roi_align_with_images_pools_each_roi_from_its_image(roi_impl):
+    """``images=``: the RoIs of two images shuffled into one row pool, and pass gradient back, as
+    the same RoIs pooled image by image."""
+    gen = torch.Generator().manual_seed(13)
+    features = pyramid(gen, 2, 3, 12, 16)
+    boxes = roi_boxes(gen, 2, (48, 64))  # [2, R, 4]
+    r = boxes.shape[1]
+    order = torch.randperm(2 * r, generator=gen)
+    upstream = torch.randn(2 * r, 3, 7, 7, generator=gen)
+
+    def pooled_and_grads(packed: bool):
+        leaves = [f.clone().requires_grad_() for f in features]
+        if packed:
+            out = multilevel_roi_align(
+                leaves, boxes.flatten(0, 1)[order][None], 7, impl=roi_impl, images=(order // r)[None]
+            )[0]
+        else:
+            out = multilevel_roi_align(leaves, boxes, 7, impl=roi_impl).flatten(0, 1)[order]
+        (out * upstream).sum().backward()
+        return out.detach(), [f.grad for f in leaves]
+
+    (got, got_grads), (ref, ref_grads) = pooled_and_grads(True), pooled_and_grads(False)
+    assert got.shape == (2 * r, 3, 7, 7) and ref.abs().sum() > 0
+    torch.testing.assert_close(got, ref, atol=1e-6, rtol=1e-6)
+    for g_, r_ in zip(got_grads, ref_grads):
+        assert g_.shape == r_.shape
+        torch.testing.assert_close(g_, r_, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"images \[B', R\]"):
+        multilevel_roi_align(features, boxes[:1], 7, impl=roi_impl, images=(order // r)[None])
+
+
 def test_roi_align_gradcheck(roi_impl):
     gen = torch.Generator().manual_seed(5)
     features = [f.requires_grad_() for f in pyramid(gen, 1, 2, 8, 8, dtype=torch.float64)]
@@ -107,10 +138,11 @@ def test_roi_align_opcheck(chunks, monkeypatch):
     features = [f.requires_grad_() for f in pyramid(gen, 2, 3, 16, 20)]
     boxes = roi_boxes(gen, 2, (64, 80))
     scales = infer_scales(features)
+    images = torch.randint(0, 2, boxes.shape[:2], generator=gen)  # RoIs of either image in each row
     # Inputs that require grad make test_autograd_registration and test_aot_dispatch_dynamic
     # exercise the registered backward (itself a custom op), with symbolic shapes.
     result = torch.library.opcheck(
-        torch.ops.mrcnn.multilevel_roi_align_tv.default, (features, boxes, scales, 3, 2, 224, 4)
+        torch.ops.mrcnn.multilevel_roi_align_tv.default, (features, boxes, scales, 3, 2, 224, 4, images)
     )
     assert all(v == "SUCCESS" for v in result.values()), result
 
@@ -120,7 +152,7 @@ def test_roi_align_opcheck(chunks, monkeypatch):
     heights, widths = [f.shape[2] for f in features], [f.shape[3] for f in features]
     result = torch.library.opcheck(
         torch.ops.mrcnn.multilevel_roi_align_tv_backward.default,
-        (grad, boxes, scales, heights, widths, 2, 224, 4),
+        (grad, boxes, scales, heights, widths, 2, 224, 4, 2, images),
     )
     assert all(v == "SUCCESS" for v in result.values()), result
 

@@ -1,9 +1,10 @@
 """Mask-RoI buckets in training (``Config.mask_train_buckets``): torchvision's loss on fewer slots.
 
-The mask branch trains on the smallest bucket of the Q positive-quota slots that holds the batch's
-sampled positives. Positives fill the first slots, so the losses and gradients must equal the
-single graph's (all Q slots), the bucket must follow the documented rule, and the compiled stages
-must build one graph per canvas plus one per (canvas, bucket), whatever the ground truth holds.
+The mask branch trains on the batch's sampled positives packed into the smallest bucket of slots
+that holds them. The mask loss is a mean over the positives, so the losses and gradients must
+equal the single graph's (all Q slots of every image), the bucket and packing must follow the
+documented rule, and the compiled stages must build one graph per canvas plus one per (canvas,
+bucket), whatever the ground truth holds.
 Parity with torchvision's own training forward, buckets on, is in tests/mrcnn/test_training_parity.py.
 """
 
@@ -16,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
-from mrcnn.staged import StagedTrainer, mask_bucket
+from mrcnn.staged import StagedTrainer, mask_bucket, pack_positives
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import textured_images
 from tests.helpers.training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg
@@ -84,12 +85,14 @@ def test_eager_buckets_give_the_quotas_losses_and_gradients_on_fewer_rois(tiny_c
     assert len(seen_sizes) > 1 and min(seen_sizes) < base.mask_positive_quota
 
 
-def test_buckets_follow_the_largest_positive_count_of_the_batch(tiny_cfg):
-    """The bucket is the smallest that holds the image with the most sampled positives."""
+def test_buckets_pack_the_positives_of_the_batch(tiny_cfg):
+    """The batch's sampled positives, image by image, fill the first of n = B * s packed slots, s
+    the smallest bucket that holds them shared evenly, and each packed slot names its image."""
     cfg = small_cfg(tiny_cfg, mask_train_buckets=BUCKETS)
     torch.manual_seed(0)
     model = MaskRCNN(cfg).train()
     batch = to_image_batch(textured_images(SMALL_SIZES, seed=2), cfg)
+    b = len(SMALL_SIZES)
     for step, counts in enumerate(STEPS):
         torch.manual_seed(step)
         _, _, rois, _ = model.box_training_stage(batch, random_targets(cfg, batch, counts, seed=step))
@@ -97,8 +100,15 @@ def test_buckets_follow_the_largest_positive_count_of_the_batch(tiny_cfg):
         torch.manual_seed(step)
         trainer(batch, random_targets(cfg, batch, counts, seed=step))
         ((_, n),) = trainer.used
-        assert n == mask_bucket(cfg.mask_train_slots, int(rois.positive.sum(1).max()))
-        assert bool(rois.positive[:, n:].any()) is False  # every positive is inside the bucket
+        total = int(rois.positive.sum())
+        assert n == b * mask_bucket(cfg.mask_train_slots, -(-total // b)) and n >= total
+        packed, images = pack_positives(rois, n)
+        assert packed.boxes.shape == (1, n, 4) and images.shape == (1, n)
+        assert int(packed.positive[0, :total].sum()) == total and not packed.positive[0, total:].any()
+        for i in range(b):  # image i's positives, in the sampler's order, each with its image
+            mine = images[0, :total] == i
+            torch.testing.assert_close(packed.boxes[0, :total][mine], rois.boxes[i][rois.positive[i]])
+            assert torch.equal(packed.gt_index[0, :total][mine], rois.gt_index[i][rois.positive[i]])
 
 
 @pytest.mark.slow
