@@ -25,7 +25,7 @@ from mrcnn.config import Config, get_config
 from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.model import MaskRCNN
-from mrcnn.weights import load_torchvision_weights, read_state_dict, synthetic_weights, textured_images
+from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
 from mrcnn_bench import backends
 from mrcnn_bench.cases import TRAIN_BATCH, Variant, Workload
 
@@ -167,6 +167,12 @@ def load_weights_file(path: str, cfg: Config) -> dict[str, Tensor]:
     """A torchvision Mask R-CNN state_dict (or a training checkpoint holding one under "model") that
     fits ``cfg``'s model; ValueError naming --weights otherwise (another preset, other shapes), found
     here, before any row is set up."""
+    try:
+        # Imported here: asv imports this module against every commit of the history, and
+        # commits before read_state_dict have only load_torchvision_weights (which reads a path).
+        from mrcnn.weights import read_state_dict
+    except ImportError:
+        read_state_dict = torch.load  # type: ignore[assignment]
     try:
         state = read_state_dict(path)
         load_torchvision_weights(MaskRCNN(cfg).eval(), state)

@@ -9,9 +9,12 @@ checkpoint (``mrcnn train`` output), runs the training forward's first stage
 (batch 4, shuffled with the recipe's seed) and records, per batch, each image's sampled-positive
 count and the batch's largest. That largest count picks the mask branch's bucket; the report gives
 its distribution, the bucket each batch takes for ``--buckets`` (the positive quota appended), and
-the mean mask-branch slots per image against the quota's.
+the mean mask-branch slots per image against the quota's: one bucket per image as the largest
+count asks, and with the batch's positives packed into one row (B x the bucket of ceil(total / B),
+B the loader's batch size, padding images included: what ``StagedTrainer`` does since df19276).
 
-Writes ``OUT.json`` (every batch's counts) and ``OUT.md``.
+Writes ``OUT.json`` (every batch's counts) and ``OUT.md``. ``--resummarise`` rewrites both from the
+counts ``OUT.json`` holds, without running the model (its checkpoints need not exist any more).
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ def batch_counts(model: MaskRCNN, loader, adapter, epochs: int) -> list[list[int
     return out
 
 
-def summarise(name: str, batches: list[list[int]], buckets: tuple[int, ...]) -> dict:
+def summarise(name: str, batches: list[list[int]], buckets: tuple[int, ...], batch_size: int) -> dict:
     largest = [max(b) for b in batches]
+    packed = [mask_bucket(buckets, -(-sum(b) // batch_size)) for b in batches]
     used = Counter(mask_bucket(buckets, n) for n in largest)
     per_image = [c for b in batches for c in b]
     return {
@@ -63,9 +67,26 @@ def summarise(name: str, batches: list[list[int]], buckets: tuple[int, ...]) -> 
         "batch_max_max": max(largest),
         "bucket_use": {str(k): used[k] for k in buckets},
         "mean_slots": sum(mask_bucket(buckets, n) for n in largest) / len(largest),
+        "mean_packed_slots": sum(packed) / len(packed),
         "quota": buckets[-1],
         "counts": batches,
     }
+
+
+def _measure(cfg, options, checkpoints: list[Path], epochs: int) -> list[dict]:
+    """Each weights' summary: the seeded initial weights, then every checkpoint."""
+    recipe = get_recipe(RECIPE)
+    dataset = load_split(recipe.prepare_data(), "train", cfg)
+    adapter = make_adapter(options.impl, cfg)
+    loader = make_loader(dataset, cfg, options.batch_size, shuffle=True, seed=options.seed)
+    seed_everything(options.seed)
+    model = MaskRCNN(cfg).train()
+    slots, size = cfg.mask_train_slots, options.batch_size
+    rows = [summarise("initial (seed 0)", batch_counts(model, loader, adapter, epochs), slots, size)]
+    for path in checkpoints:
+        model.load_state_dict(load_checkpoint(path)["model"])
+        rows.append(summarise(str(path), batch_counts(model, loader, adapter, epochs), slots, size))
+    return rows
 
 
 def main() -> int:
@@ -74,6 +95,7 @@ def main() -> int:
     parser.add_argument("--buckets", default="4,8", help="mask_train_buckets to report, comma list")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("results/training/train_positives"))
+    parser.add_argument("--resummarise", action="store_true", help="rewrite OUT.json and OUT.md from its counts")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -81,16 +103,11 @@ def main() -> int:
     buckets = tuple(int(b) for b in args.buckets.split(","))
     cfg = recipe.config(mask_train_buckets=buckets)
     options = recipe.train_config()
-    dataset = load_split(recipe.prepare_data(), "train", cfg)
-    adapter = make_adapter(options.impl, cfg)
-    loader = make_loader(dataset, cfg, options.batch_size, shuffle=True, seed=options.seed)
-
-    seed_everything(options.seed)
-    model = MaskRCNN(cfg).train()
-    rows = [summarise("initial (seed 0)", batch_counts(model, loader, adapter, args.epochs), cfg.mask_train_slots)]
-    for path in args.checkpoints:
-        model.load_state_dict(load_checkpoint(path)["model"])
-        rows.append(summarise(str(path), batch_counts(model, loader, adapter, args.epochs), cfg.mask_train_slots))
+    if args.resummarise:
+        stored = json.loads(args.out.with_suffix(".json").read_text())["rows"]
+        rows = [summarise(r["weights"], r["counts"], cfg.mask_train_slots, options.batch_size) for r in stored]
+    else:
+        rows = _measure(cfg, options, args.checkpoints, args.epochs)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"recipe": RECIPE, "buckets": cfg.mask_train_slots,
@@ -100,20 +117,24 @@ def main() -> int:
         f"positive quota {cfg.mask_positive_quota} per image), {args.epochs} epochs of its loader",
         "",
         "| weights | batches | positives per image (median / max) | batch's largest (median / p90 / max) "
-        f"| batches per bucket {cfg.mask_train_slots} | mean mask slots per image | of the quota |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| batches per bucket {cfg.mask_train_slots} | mean mask slots per image | of the quota "
+        "| packed: mean slots per image | of the quota |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         use = ", ".join(f"{k}: {v}" for k, v in r["bucket_use"].items())
         lines.append(
             f"| {r['weights']} | {r['batches']} | {r['per_image_median']:g} / {r['per_image_max']} "
             f"| {r['batch_max_median']:g} / {r['batch_max_p90']} / {r['batch_max_max']} | {use} "
-            f"| {r['mean_slots']:.1f} | {r['mean_slots'] / r['quota']:.2f} |"
+            f"| {r['mean_slots']:.1f} | {r['mean_slots'] / r['quota']:.2f} "
+            f"| {r['mean_packed_slots']:.1f} | {r['mean_packed_slots'] / r['quota']:.2f} |"
         )
     command = ["python bench/studies/training_positives/train_positives.py", f"--buckets {args.buckets}",
                f"--epochs {args.epochs}"]
     if args.checkpoints:
         command.append("--checkpoints " + " ".join(map(str, args.checkpoints)))
+    if args.resummarise:
+        command.append("--resummarise")
     lines += ["", "    " + " ".join(command)]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
