@@ -73,9 +73,8 @@ def summarise(name: str, batches: list[list[int]], buckets: tuple[int, ...], bat
     }
 
 
-def _measure(cfg, options, checkpoints: list[Path], epochs: int) -> list[dict]:
+def _measure(recipe, cfg, options, checkpoints: list[Path], epochs: int) -> list[dict]:
     """Each weights' summary: the seeded initial weights, then every checkpoint."""
-    recipe = get_recipe(RECIPE)
     dataset = load_split(recipe.prepare_data(), "train", cfg)
     adapter = make_adapter(options.impl, cfg)
     loader = make_loader(dataset, cfg, options.batch_size, shuffle=True, seed=options.seed)
@@ -107,7 +106,7 @@ def main() -> int:
         stored = json.loads(args.out.with_suffix(".json").read_text())["rows"]
         rows = [summarise(r["weights"], r["counts"], cfg.mask_train_slots, options.batch_size) for r in stored]
     else:
-        rows = _measure(cfg, options, args.checkpoints, args.epochs)
+        rows = _measure(recipe, cfg, options, args.checkpoints, args.epochs)
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"recipe": RECIPE, "buckets": cfg.mask_train_slots,
