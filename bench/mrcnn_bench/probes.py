@@ -69,7 +69,8 @@ def auto_staged(row: Row, ctx: Context) -> bool | None:
     if row.case.interface != "static" or row.case.phase != "inference":
         return None
     cfg = ctx.config(row.variant, row.case.overrides)
-    if cfg.mask_detection_buckets != "auto":
+    # getattr: commits the history measures may predate the field (their rows run the single graph).
+    if getattr(cfg, "mask_detection_buckets", ()) != "auto":
         return None
     return inference_staged(cfg, row.case, torch.device(row.case.backend))
 
