@@ -166,10 +166,12 @@ class MaskRCNN(nn.Module):
         det = self.roi_heads.detect_boxes(pooled, proposals, batch.image_sizes)
         return BoxDetections(det.boxes, det.scores, det.labels, det.valid & batch.valid[:, None]), pooled
 
-    def mask_stage(self, pooled: list[Tensor], det: BoxDetections) -> Tensor:
-        """The mask branch on the n slots of ``det`` (a prefix of :meth:`box_stage`'s K): -> masks
-        [B, n, M, M], zero on slots that are not valid. One fixed-shape function per (canvas, n)."""
-        return self.roi_heads.masks(pooled, det)
+    def mask_stage(self, pooled: list[Tensor], det: BoxDetections, images: Tensor | None = None) -> Tensor:
+        """The mask branch on the n slots of ``det``: [B, n] (a prefix of :meth:`box_stage`'s K) or,
+        with ``images`` [1, n] naming each slot's image, the batch's detections packed into one row
+        (:func:`mrcnn.staged.pack_slots`) -> masks [B or 1, n, M, M], zero on slots that are not
+        valid. One fixed-shape function per (canvas, n)."""
+        return self.roi_heads.masks(pooled, det, images)
 
     @torch.no_grad()
     def predict(self, images: list[Tensor], batch_size: int | None = None) -> list[dict[str, Tensor]]:

@@ -112,11 +112,12 @@ class RoIHeads(nn.Module):
         class_logits, deltas = self.box_logits(features, proposals.boxes)
         return self.detect(class_logits, deltas, proposals, image_sizes)
 
-    def masks(self, features: list[Tensor], det: BoxDetections) -> Tensor:
-        """The mask branch on the slots of ``det`` (all K, or a prefix of n): -> [B, n, M, M]
-        probabilities of each slot's class, zero where the slot is not valid. Each slot is pooled
-        and run through the head on its own, so a prefix gives the same values as the full K."""
-        logits = mask_logits(self.cfg, self.mask_head, self.mask_predictor, features, det.boxes)
+    def masks(self, features: list[Tensor], det: BoxDetections, images: Tensor | None = None) -> Tensor:
+        """The mask branch on the slots of ``det`` (all K, a prefix of n, or with ``images`` [B', n]
+        slots of any images): -> [B', n, M, M] probabilities of each slot's class, zero where the
+        slot is not valid. Each slot is pooled and run through the head on its own, so any slots
+        that hold a detection give its values."""
+        logits = mask_logits(self.cfg, self.mask_head, self.mask_predictor, features, det.boxes, images)
         return mask_probabilities(logits, det.labels) * det.valid[..., None, None]
 
     def loss(

@@ -2,11 +2,12 @@
 
 The single graph (``MaskRCNN.forward``) runs the mask branch on a fixed number of slots whatever the
 batch holds: K detections at inference, the Q-slot positive quota in training. Here the first stage
-ends where the mask branch starts, one host read takes the batch's count (the largest number of
-valid detections of an image; the sampled positives of the whole batch in training), and the second
-stage runs on the smallest bucket of slots that holds it. Valid detections fill the first slots, so
-the outputs equal the single graph's; training packs the batch's positives into one row of slots,
-whichever image they come from, and the mask loss, a mean over them, is the single graph's too.
+ends where the mask branch starts, one host read takes the batch's count (its valid detections at
+inference, its sampled positives in training), and the second stage runs on the smallest bucket of
+slots that holds them. For one image, valid detections fill the first slots, so a prefix holds
+them; a batch packs every image's slots into one row, whichever image they come from, and each
+RoI is pooled from its own image. The outputs equal the single graph's: masks are put back in
+their slots, and the mask loss, a mean over the positives, is the same on any slots that hold them.
 Each stage is a fixed-shape function: one graph per canvas for the first, one per (canvas, bucket)
 for the second when they are compiled.
 
@@ -17,7 +18,7 @@ says so), :class:`StagedTrainer` the training forward (``cfg.mask_train_buckets`
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,7 @@ from mrcnn.config import Canvas, Config
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
+SlotTuple = TypeVar("SlotTuple", BoxDetections, MaskTrainingRoIs)
 
 # The device types where ``mask_detection_buckets="auto"`` stages ``predict``: where the mask branch
 # on a bucket was measured faster than on all K slots in eager (the CPU: docs/model.md). XLA keeps
@@ -53,13 +55,6 @@ def mask_bucket(buckets: Sequence[int], count: int) -> int:
     raise ValueError(f"{count} slots exceed the largest mask bucket ({buckets[-1]})")
 
 
-def host_bucket(buckets: Sequence[int], filled: Tensor) -> int:
-    """filled [B, n] bool, filled slots first -> the bucket for the batch's largest count."""
-    if not filled.numel():
-        return buckets[0]
-    return mask_bucket(buckets, host_int(filled.sum(1).max()))
-
-
 def host_int(count: Tensor) -> int:
     """A scalar count on the device -> int: the one host read of a staged call.
 
@@ -82,13 +77,23 @@ def first_slots(slots: Any, n: int) -> Any:
     return type(slots)(*(t[:, :n] for t in slots))
 
 
-def packed_size(slots: Sequence[int], positive: Tensor) -> int:
-    """positive [B, m] -> n = B * s, the packed slots the batch's mask branch trains on: s the
-    smallest of ``slots`` (per image, increasing) that holds the batch's positives shared evenly,
-    ceil(total / B), capped at m. Reads the total on the host."""
-    b, m = positive.shape
-    total = host_int(positive.sum()) if positive.numel() else 0
+def packed_size(slots: Sequence[int], keep: Tensor) -> int:
+    """keep [B, m] -> n = B * s, the packed slots the batch's mask branch runs on: s the smallest of
+    ``slots`` (per image, increasing) that holds the batch's kept slots shared evenly,
+    ceil(total / B), capped at m. Reads the total on the host. For one image, s holds its count."""
+    b, m = keep.shape
+    total = host_int(keep.sum()) if keep.numel() else 0
     return b * min(mask_bucket(slots, -(-total // max(b, 1))), m)
+
+
+def pack_slots(slots: SlotTuple, keep: Tensor, n: int) -> tuple[SlotTuple, Tensor]:
+    """[B, m] slots, keep [B, m] bool -> ([1, n] slots, order [n]): every image's kept slots in
+    turn, then others to fill n, and each packed slot's flat index b * m + j in the batch.
+
+    A stable sort on "not kept" keeps the image order and, within an image, the slots' own.
+    """
+    order = torch.argsort((~keep).flatten().to(torch.uint8), stable=True)[:n]
+    return type(slots)(*(t.flatten(0, 1).index_select(0, order)[None] for t in slots)), order
 
 
 def pack_positives(rois: MaskTrainingRoIs, n: int) -> tuple[MaskTrainingRoIs, Tensor]:
@@ -98,11 +103,8 @@ def pack_positives(rois: MaskTrainingRoIs, n: int) -> tuple[MaskTrainingRoIs, Te
     The mask loss is a mean over the positives, so it is the same on any packing that holds them
     all; packing lets one image's many positives use the slots another image's few leave free.
     """
-    m = rois.positive.shape[1]
-    # A stable sort on "not positive" keeps the image order and, within an image, the sampler's.
-    order = torch.argsort((~rois.positive).flatten().to(torch.uint8), stable=True)[:n]
-    packed = type(rois)(*(t.flatten(0, 1).index_select(0, order)[None] for t in rois))
-    return packed, torch.div(order, m, rounding_mode="floor")[None]
+    packed, order = pack_slots(rois, rois.positive, n)
+    return packed, torch.div(order, rois.positive.shape[1], rounding_mode="floor")[None]
 
 
 def packed_mask_rois(rois: MaskTrainingRoIs, slots: Sequence[int]) -> tuple[MaskTrainingRoIs, Tensor]:
@@ -174,11 +176,13 @@ class _Staged:
 class StagedDetector(_Staged):
     """ImageBatch -> Detections in two stages, the mask branch on a detection-count bucket.
 
-    Runs ``model.box_stage``, reads the largest valid count of the batch on the host (the one
-    sync), and runs ``model.mask_stage`` on the first n slots, n the smallest of
-    ``cfg.mask_buckets`` that holds it; the masks are padded back to K slots with zeros, so the
+    Runs ``model.box_stage``, reads the batch's number of valid detections on the host (the one
+    sync), and runs ``model.mask_stage`` on n slots (:meth:`bucket`): for one image its first n,
+    n the smallest of ``cfg.mask_buckets`` that holds its count; for a batch of B, its valid
+    detections packed into one row of n = B * s, s the smallest bucket that holds them shared
+    evenly over the B images. The masks are put back in their K slots, zeros elsewhere, so the
     result has ``forward``'s shapes and equals it on every image of the batch that is not padding
-    (masks up to float rounding: the heads see fewer RoIs per call).
+    (masks up to float rounding: the heads see other RoIs beside them).
 
     ``wrap`` wraps each stage (any function -> function); :meth:`compiled` is the
     ``torch.compile`` form, with one static graph per canvas for the box stage and one per
@@ -195,7 +199,7 @@ class StagedDetector(_Staged):
         det, pooled = self.first_stage(batch)
         canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
-            for n in self.buckets:
+            for n in self.widths(det.valid.shape[0]):
                 self._masks(pooled, det, n)
             self._warm.add(canvas)
         n = self.bucket(det.valid)
@@ -204,19 +208,29 @@ class StagedDetector(_Staged):
         return Detections(det.boxes, det.scores, det.labels, masks, det.valid)
 
     def bucket(self, valid: Tensor) -> int:
-        """valid [B, K] -> the bucket for the batch (reads the counts on the host)."""
-        return host_bucket(self.buckets, valid)
+        """valid [B, K] -> n, the mask stage's slots for the batch (reads the count on the host)."""
+        return packed_size(self.buckets, valid)
+
+    def widths(self, batch_size: int) -> tuple[int, ...]:
+        """Every n the mask stage can run on for batches of ``batch_size`` images."""
+        return tuple(batch_size * s for s in self.buckets)
 
     def _masks(self, pooled: list[Tensor], det: BoxDetections, n: int) -> Tensor:
-        k = det.valid.shape[1]
-        masks = self.second_stage(pooled, first_slots(det, n))
-        return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
+        """The masks of ``det``'s valid slots, run on n slots -> [B, K, M, M]."""
+        b, k = det.valid.shape
+        if b == 1:  # valid detections fill the first slots: a prefix holds them, nothing to move
+            masks = self.second_stage(pooled, first_slots(det, n))
+            return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
+        packed, order = pack_slots(det, det.valid, n)
+        masks = self.second_stage(pooled, packed, torch.div(order, k, rounding_mode="floor")[None])[0]
+        # Slots not packed, and packed slots that are not valid, hold zeros.
+        return masks.new_zeros(b * k, *masks.shape[1:]).index_copy(0, order, masks).view(b, k, *masks.shape[1:])
 
     @torch.no_grad()
     def warmup(self, canvases: Sequence[Canvas] | None = None, batch_size: int = 1) -> None:
         """Run every (canvas, bucket) once on blank images (all of ``cfg.canvases`` by default), so
-        that compiled stages are built before the first real batch. Call it under the autocast the
-        real calls use, if any."""
+        that compiled stages are built before the first real batch of ``batch_size`` images. Call
+        it under the autocast the real calls use, if any."""
         cfg = self.model.cfg
         device = next(self.model.parameters()).device
         for h, w in canvases or cfg.canvases:
@@ -228,7 +242,7 @@ class StagedDetector(_Staged):
                 torch.ones(batch_size, dtype=torch.bool, device=device),
             )
             det, pooled = self.first_stage(blank)
-            for n in self.buckets:
+            for n in self.widths(batch_size):
                 self._masks(pooled, det, n)
 
 

@@ -80,20 +80,26 @@ def test_config_rejects_bad_buckets(buckets, message):
     assert message in str(info.value)
 
 
-def test_bucket_rule_smallest_that_holds_the_batch_max(tiny_cfg, tiny_weights):
+def test_bucket_rule_smallest_that_holds_the_batch_shared_evenly(tiny_cfg, tiny_weights):
     buckets = (8, 16, 100)
     assert [mask_bucket(buckets, c) for c in (0, 1, 8, 9, 16, 17, 100)] == [8, 8, 8, 16, 16, 100, 100]
     with pytest.raises(ValueError, match="exceed the largest"):
         mask_bucket(buckets, 101)
 
     detector = StagedDetector(_model(tiny_cfg, tiny_weights))
+    one = torch.zeros(1, 100, dtype=torch.bool)
+    assert detector.bucket(one) == 8  # an empty image takes the smallest bucket
+    one[0, :17] = True
+    assert detector.bucket(one) == 32  # one image: the bucket of its own count
     valid = torch.zeros(3, 100, dtype=torch.bool)
-    assert detector.bucket(valid) == 8  # an all-empty batch takes the smallest bucket
+    assert detector.bucket(valid) == 3 * 8  # a batch packs B x s slots, s for the count shared evenly
     valid[0, :3] = True
-    valid[2, :17] = True  # the batch's largest count decides
-    assert detector.bucket(valid) == 32
+    valid[2, :17] = True
+    assert detector.bucket(valid) == 3 * 8  # 20 detections: 7 per image
     valid[1, :] = True
-    assert detector.bucket(valid) == 100
+    assert detector.bucket(valid) == 3 * 64  # 120: 40 per image
+    valid[:] = True
+    assert detector.bucket(valid) == 3 * 100
 
 
 def test_auto_stages_eager_cpu_only():
@@ -142,20 +148,22 @@ def test_staged_equals_single_graph(tiny_cfg, tiny_weights, impl):
     few = _model(tiny_cfg, tiny_weights, impl, RAISED_THRESH)
     many = _model(tiny_cfg, tiny_weights, impl)
     with torch.no_grad():
-        # Few detections, a batch of one and a batch of two padded to three (the max decides).
-        for images, batch_size, bucket in (([FEW], None, 8), ([FEW, MORE], 3, 32)):
+        # Few detections, a batch of one, and a batch of two padded to three: 5 + 17 detections
+        # packed into 3 x 8 slots, so MORE's detections also fill slots beside FEW's and the padding's.
+        for images, batch_size, bucket in (([FEW], None, 8), ([FEW, MORE], 3, 24), ([MORE, FEW], 3, 24)):
             batch = to_image_batch(images, few.cfg, batch_size)
             detector = StagedDetector(few)
             got = detector(batch)
             assert list(detector.used) == [((320, 448), bucket)]
             assert not got.valid[len(images):].any()
             _assert_equal(got, few(batch), batch.valid)
-        # Many detections: every slot valid, the last bucket (K).
-        batch = to_image_batch([MORE], many.cfg)
-        detector = StagedDetector(many)
-        got = detector(batch)
-        assert list(detector.used) == [((320, 448), 100)] and bool(got.valid.all())
-        _assert_equal(got, many(batch))
+        # Many detections: every slot valid, the last bucket (K), alone and packed.
+        for images, bucket in (([MORE], 100), ([MORE, FEW], 200)):
+            batch = to_image_batch(images, many.cfg)
+            detector = StagedDetector(many)
+            got = detector(batch)
+            assert list(detector.used) == [((320, 448), bucket)] and bool(got.valid.all())
+            _assert_equal(got, many(batch))
 
 
 def test_predict_with_buckets_equals_predict_without(tiny_cfg, tiny_weights):
@@ -189,6 +197,23 @@ def test_compiled_graphs_per_canvas_and_bucket(tiny_cfg, tiny_weights):
     # raises on any graph break, and the repeated (canvas, bucket) pairs compiled nothing new.
     # (The eager single-graph forward above runs outside dynamo.)
     assert counters["stats"]["unique_graphs"] == len(canvases) + len(detector.used), dict(counters["stats"])
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+
+
+@pytest.mark.slow
+def test_compiled_packed_batch_is_one_graph_per_canvas_and_width(tiny_cfg, tiny_weights):
+    """A batch of two packs its detections into one row: the mask stage's graph takes the images
+    each slot belongs to, compiles without a break, and is reused by a batch in the other order."""
+    model = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    torch._dynamo.reset()
+    counters.clear()
+    detector = StagedDetector.compiled(model, backend="aot_eager")
+    with torch.no_grad():
+        for images in ([FEW, MORE], [MORE, FEW]):
+            batch = to_image_batch(images, model.cfg)
+            _assert_equal(detector(batch), model(batch))
+    assert detector.used == {((320, 448), 32): 2}  # 22 detections, 2 x 16 slots
+    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
 
 
@@ -269,4 +294,9 @@ def test_warm_ahead_runs_every_bucket_of_a_canvas_at_its_first_batch(tiny_cfg, t
         assert slots[:-1] == list(model.cfg.mask_buckets) and slots[-1] == 8  # every bucket, then FEW's
         slots.clear()
         _assert_equal(staged(batch), expected)
-    assert slots == [8], "a canvas already seen runs its own bucket only"
+        assert slots == [8], "a canvas already seen runs its own bucket only"
+        # A batch of two: every bucket's 2 x s packed slots, then 5 + 17 detections in 2 x 16.
+        slots.clear()
+        batch = to_image_batch([FEW, MORE], model.cfg)
+        _assert_equal(StagedDetector(model, wrap, warm_ahead=True)(batch), model(batch))
+    assert slots == [2 * s for s in model.cfg.mask_buckets] + [32], slots
