@@ -20,6 +20,7 @@ import dataclasses
 import json
 import math
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -287,8 +288,12 @@ def compare(opts: CompareOptions) -> int:
     flagged = table[table["regression"]]
     for _, line in flagged.iterrows():
         print(f"REGRESSION {line['case']}: {line['verdict']}")
+    # A case that errored on either side, or ran too few rounds to test, decides nothing: exit 2.
+    untested = table[table["p_value"].isna() & ~table["verdict"].str.startswith("reference row")]
+    for _, line in untested.iterrows():
+        print(f"NOT DECIDED {line['case']}: {line['verdict']}", file=sys.stderr)
     if opts.out:
         out = {"a": opts.a, "b": opts.b, "comparison": json.loads(table.to_json(orient="records")),
                "run": doc.to_dict() if doc is not None else None}
         Path(opts.out).write_text(json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
-    return 1 if len(flagged) else 0
+    return 1 if len(flagged) else 2 if len(untested) else 0

@@ -108,6 +108,12 @@ def test_too_few_samples_give_no_ratio_or_verdict():
     assert table.set_index("case").loc["static/eager", "n"] == ROUNDS
 
 
+def test_a_case_that_could_not_be_tested_exits_2(tmp_path, capsys):
+    """A compare that measured too little of a case decides nothing about it: never exit 0."""
+    assert _compare(tmp_path, _run(BASE), _run(BASE, only={"static/inductor": 1})) == 2
+    assert "NOT DECIDED static/inductor: n=1: too few samples" in capsys.readouterr().err
+
+
 def test_holm_corrects_across_the_cases_of_one_comparison():
     """Two cases each slower in all 7 rounds: p = 1/128 < 0.01 alone, 2/128 > 0.01 after Holm."""
     a = [Record(case=c, status="ok", times_s=[0.1] * 7, median_s=0.1) for c in ("static/eager", "static/xla")]
