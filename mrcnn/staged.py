@@ -86,14 +86,16 @@ def packed_size(slots: Sequence[int], keep: Tensor) -> int:
     return b * min(mask_bucket(slots, -(-total // max(b, 1))), m)
 
 
-def pack_slots(slots: SlotTuple, keep: Tensor, n: int) -> tuple[SlotTuple, Tensor]:
-    """[B, m] slots, keep [B, m] bool -> ([1, n] slots, order [n]): every image's kept slots in
-    turn, then others to fill n, and each packed slot's flat index b * m + j in the batch.
+def pack_slots(slots: SlotTuple, keep: Tensor, n: int) -> tuple[SlotTuple, Tensor, Tensor]:
+    """[B, m] slots, keep [B, m] bool -> ([1, n] slots, images [1, n], order [n]): every image's
+    kept slots in turn, then others to fill n; the image each packed slot belongs to, and its flat
+    index b * m + j in the batch.
 
     A stable sort on "not kept" keeps the image order and, within an image, the slots' own.
     """
     order = torch.argsort((~keep).flatten().to(torch.uint8), stable=True)[:n]
-    return type(slots)(*(t.flatten(0, 1).index_select(0, order)[None] for t in slots)), order
+    packed = type(slots)(*(t.flatten(0, 1).index_select(0, order)[None] for t in slots))
+    return packed, torch.div(order, keep.shape[1], rounding_mode="floor")[None], order
 
 
 def pack_positives(rois: MaskTrainingRoIs, n: int) -> tuple[MaskTrainingRoIs, Tensor]:
@@ -103,8 +105,8 @@ def pack_positives(rois: MaskTrainingRoIs, n: int) -> tuple[MaskTrainingRoIs, Te
     The mask loss is a mean over the positives, so it is the same on any packing that holds them
     all; packing lets one image's many positives use the slots another image's few leave free.
     """
-    packed, order = pack_slots(rois, rois.positive, n)
-    return packed, torch.div(order, rois.positive.shape[1], rounding_mode="floor")[None]
+    packed, images, _ = pack_slots(rois, rois.positive, n)
+    return packed, images
 
 
 def packed_mask_rois(rois: MaskTrainingRoIs, slots: Sequence[int]) -> tuple[MaskTrainingRoIs, Tensor]:
@@ -221,8 +223,8 @@ class StagedDetector(_Staged):
         if b == 1:  # valid detections fill the first slots: a prefix holds them, nothing to move
             masks = self.second_stage(pooled, first_slots(det, n))
             return F.pad(masks, (0, 0, 0, 0, 0, k - n)) if n < k else masks
-        packed, order = pack_slots(det, det.valid, n)
-        masks = self.second_stage(pooled, packed, torch.div(order, k, rounding_mode="floor")[None])[0]
+        packed, images, order = pack_slots(det, det.valid, n)
+        masks = self.second_stage(pooled, packed, images)[0]
         # Slots not packed, and packed slots that are not valid, hold zeros.
         return masks.new_zeros(b * k, *masks.shape[1:]).index_copy(0, order, masks).view(b, k, *masks.shape[1:])
 
