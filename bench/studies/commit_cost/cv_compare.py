@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             + pd.DataFrame(rows).to_markdown(index=False) + "\n")
     print(text)
     if args.out:
-        args.out.write_text(f"`python bench/studies/commit_cost/cv_compare.py {' '.join(args.studies)}`\n\n{text}")
+        args.out.write_text(f"`python bench/studies/commit_cost/cv_compare.py {shlex.join(args.studies)}`\n\n{text}")
     return 0
 
 
