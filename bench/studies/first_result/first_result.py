@@ -2,8 +2,9 @@
 
     python bench/studies/first_result/first_result.py run [--workloads coco,tiny] [--rounds 3] [--out DIR]
     python bench/studies/first_result/first_result.py report [--out results/first_result]
+    python bench/studies/first_result/first_result.py profile [--workload coco] [--out DIR]
 
-Each round starts three fresh Python processes, one after the other, each with its own inductor
+Each round starts five fresh Python processes, one after the other, each with its own inductor
 cache folder (``TORCHINDUCTOR_CACHE_DIR``; nothing from ``/tmp/torchinductor_$USER`` is read):
 
 - ``cold``: an empty cache folder. After its first result the process saves the caches' portable
@@ -11,6 +12,15 @@ cache folder (``TORCHINDUCTOR_CACHE_DIR``; nothing from ``/tmp/torchinductor_$US
 - ``warm``: the cold process's cache folder, as a second process on the same machine finds it.
 - ``artifacts``: a new, empty cache folder and the cold process's artifacts file, loaded with
   ``torch.compiler.load_cache_artifacts`` before compiling: a fresh machine given the artifacts.
+- ``precompile_cold``: a new, empty cache folder, with dynamo's experimental caching precompile on
+  (``TORCH_CACHING_PRECOMPILE=1``). After its first result the process writes its traced frame and
+  its AOTAutograd entry into the cache folder (``PrecompileContext``, a private API of torch 2.9:
+  serialize, then populate the caches), which ``torch.compile`` does not do by itself.
+- ``precompile_warm``: precompile_cold's folder, precompile on: a second process that loads the
+  traced frame instead of tracing the model again (the part of a warm start the other caches leave).
+
+The precompile modes compile ``model.forward`` (a bound method), since the precompile cache keys a
+frame by its function's name and ``torch.compile(model)`` hands it the module; the graph is the same.
 
 A process imports torch and mrcnn, builds the model, loads weights from a checkpoint file (as a
 user loads theirs; random values, since compilation does not depend on them), makes the
@@ -28,6 +38,7 @@ count, beside the goals (cold 45 s, warm 10 s, COCO size).
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import statistics
@@ -46,14 +57,19 @@ from mrcnn_bench.journal import read_lines  # noqa: E402
 
 # workload -> (preset, image (h, w))
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640)), "tiny": ("tiny", (240, 320))}
-MODES = ("cold", "warm", "artifacts")
-GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0}  # at COCO size, this host kind
+MODES = ("cold", "warm", "artifacts", "precompile_cold", "precompile_warm")
+# at COCO size, this host kind
+GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0, "precompile_cold": 45.0, "precompile_warm": 10.0}
 NAME = "first_result"
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
-def child(preset: str, size: tuple[int, int], weights: Path, save: Path | None, load: Path | None) -> dict[str, Any]:
+def child(
+    preset: str, size: tuple[int, int], weights: Path, save: Path | None, load: Path | None, precompile: bool
+) -> dict[str, Any]:
     """One process's first result; runs in the child. Prints nothing but its JSON record."""
     import torch
+    from torch._dynamo.utils import counters
 
     from mrcnn.config import get_config
     from mrcnn.model import MaskRCNN
@@ -70,7 +86,7 @@ def child(preset: str, size: tuple[int, int], weights: Path, save: Path | None, 
         info = torch.compiler.load_cache_artifacts(load.read_bytes())
         loaded = {k: len(v) for k, v in vars(info).items() if isinstance(v, list)} if info else None
     t_load = time.perf_counter()
-    compiled = torch.compile(model, fullgraph=True, dynamic=False)
+    compiled = torch.compile(model.forward if precompile else model, fullgraph=True, dynamic=False)
     with torch.no_grad():
         det = compiled(batch)
         t_first, first_epoch = time.perf_counter(), time.time()
@@ -78,36 +94,94 @@ def child(preset: str, size: tuple[int, int], weights: Path, save: Path | None, 
         t_second = time.perf_counter()
     saved = None
     if save is not None:
-        artifacts = torch.compiler.save_cache_artifacts()
+        artifacts = _save_precompile() if precompile else torch.compiler.save_cache_artifacts()
         if artifacts is not None:
             save.write_bytes(artifacts[0])
             saved = save.stat().st_size
+    # The same detections from every mode: a cache that changed the program would show here.
+    checksum = sum(float(t.double().sum()) for t in (det.boxes, det.scores, det.masks))
     return {
         "model_s": t_model - t_import, "load_artifacts_s": t_load - t_model,
         "first_call_s": t_first - t_load, "second_call_s": t_second - t_first, "first_result_epoch": first_epoch,
-        "valid_detections": int(det.valid.sum()), "artifacts_loaded": loaded, "artifacts_saved_bytes": saved,
+        "valid_detections": int(det.valid.sum()), "output_checksum": checksum, "artifacts_loaded": loaded,
+        "artifacts_saved_bytes": saved, "traced_graphs": int(counters["stats"]["unique_graphs"]),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
     }  # fmt: skip
 
 
-def _launch(args: list[str], cache: Path) -> dict[str, Any]:
-    """Run this file's ``child`` command in a new process; -> its record, with ``first_result_s``:
-    the launch (here) to the return of its first call (there), on the machine's clock."""
+def _save_precompile() -> tuple[bytes, Any] | None:
+    """Write this process's traced frames and their compiled backends into the cache folder's
+    ``dynamo`` store, where a later ``torch.compile`` with caching precompile looks them up; -> the
+    serialized artifacts (for their size), or None when nothing new was traced."""
+    from torch._dynamo.precompile_context import PrecompileContext
+    from torch.compiler._cache import CacheArtifactManager
+
+    serialized = PrecompileContext.serialize()
+    if serialized is None:
+        return None
+    PrecompileContext._ensure_cache_artifacts_registered()
+    artifacts = CacheArtifactManager.deserialize(serialized[0])
+    if artifacts is None:
+        raise RuntimeError("torch could not read back the precompile artifacts it had just written")
+    PrecompileContext.populate_caches(artifacts)
+    return serialized
+
+
+def _launch(args: list[str], cache: Path, prefix: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Run this file's ``child`` command in a new process (``prefix``: arguments of the interpreter
+    before the script, such as ``-m cProfile``); -> its record, with ``first_result_s``: the launch
+    (here) to the return of its first call (there), on the machine's clock."""
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    # dynamo reads the switch when it is imported; the other modes must run without it
+    env.pop(PRECOMPILE_ENV, None)
+    if "--precompile" in args:
+        env[PRECOMPILE_ENV] = "1"
     launched = time.time()
-    done = subprocess.run([sys.executable, __file__, "child", *args], env=env, capture_output=True, text=True)
+    command = [sys.executable, *prefix, __file__, "child", *args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"child process failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     record = json.loads(done.stdout.strip().splitlines()[-1])
     return {"first_result_s": record.pop("first_result_epoch") - launched, **record}
 
 
-def run(workloads: list[str], rounds: int, out: Path) -> None:
+def _weights(tmp: Path, preset: str, size: tuple[int, int]) -> list[str]:
+    """Save seeded weights of ``preset`` into ``tmp``; -> the child's arguments for them and ``size``."""
     import torch
 
     from mrcnn.config import get_config
     from mrcnn.model import MaskRCNN
 
+    weights = tmp / f"{preset}.pt"
+    torch.manual_seed(0)
+    torch.save(MaskRCNN(get_config(preset)).state_dict(), weights)
+    return ["--preset", preset, "--size", f"{size[0]}x{size[1]}", "--weights", str(weights)]
+
+
+def profile(workload: str, out: Path, top: int = 45) -> Path:
+    """Where a warm precompile process spends its first call: one precompile_cold process fills a
+    cache folder, then a precompile_warm process runs under cProfile; -> ``OUT/warm_profile_W.txt``
+    (the ``top`` functions by cumulative time, the process's record above them)."""
+    import pstats
+
+    preset, size = WORKLOADS[workload]
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="first_result_") as tmp_name:
+        tmp = Path(tmp_name)
+        pre = [*_weights(tmp, preset, size), "--precompile"]
+        cold = _launch([*pre, "--save", str(tmp / "precompile.bin")], tmp / "cache")
+        stats_file = tmp / "warm.pstats"
+        warm = _launch(pre, tmp / "cache", prefix=("-m", "cProfile", "-o", str(stats_file)))
+        text = io.StringIO()
+        pstats.Stats(str(stats_file), stream=text).sort_stats("cumulative").print_stats(top)
+    path = out / f"warm_profile_{workload}.txt"
+    head = (f"python bench/studies/first_result/first_result.py profile --workload {workload}\n"
+            f"precompile_cold: {json.dumps(cold)}\nprecompile_warm under cProfile: {json.dumps(warm)}\n")  # fmt: skip
+    store.write_atomic(path, head + text.getvalue().replace(tmp_name, "TMP"))
+    return path
+
+
+def run(workloads: list[str], rounds: int, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     journal = out / f"{NAME}.jsonl"
     done = read_lines(journal) if journal.exists() else []
@@ -115,16 +189,16 @@ def run(workloads: list[str], rounds: int, out: Path) -> None:
         tmp = Path(tmp_name)
         for workload in workloads:
             preset, size = WORKLOADS[workload]
-            weights = tmp / f"{preset}.pt"
-            torch.manual_seed(0)
-            torch.save(MaskRCNN(get_config(preset)).state_dict(), weights)
-            base = ["--preset", preset, "--size", f"{size[0]}x{size[1]}", "--weights", str(weights)]
-            start = sum(1 for r in done if r["workload"] == workload and r["mode"] == "artifacts")
+            base = _weights(tmp, preset, size)
+            start = sum(1 for r in done if r["workload"] == workload and r["mode"] == MODES[-1])
             for index in range(start, rounds):
                 cache, fresh = tmp / f"{workload}{index}_cache", tmp / f"{workload}{index}_fresh"
-                artifacts = tmp / "artifacts.bin"
+                pre_cache, artifacts = tmp / f"{workload}{index}_precompile", tmp / "artifacts.bin"
+                pre = [*base, "--precompile"]
                 plan = {"cold": ([*base, "--save", str(artifacts)], cache), "warm": (base, cache),
-                        "artifacts": ([*base, "--load", str(artifacts)], fresh)}  # fmt: skip
+                        "artifacts": ([*base, "--load", str(artifacts)], fresh),
+                        "precompile_cold": ([*pre, "--save", str(tmp / "precompile.bin")], pre_cache),
+                        "precompile_warm": (pre, pre_cache)}  # fmt: skip
                 rows = []
                 for mode in MODES:
                     record = _launch(*plan[mode])
@@ -152,7 +226,9 @@ def report(out: Path) -> dict[str, Any]:
         r["startup_s"] = r["first_result_s"] - r["model_s"] - r["load_artifacts_s"] - r["first_call_s"]
     parts = ("first_result_s", "startup_s", "model_s", "load_artifacts_s", "first_call_s", "second_call_s")
     summary: dict[str, Any] = {
-        "command": "python bench/studies/first_result/first_result.py run",
+        # the run that wrote these rows, rebuilt from them (the report may be rewritten later)
+        "command": "python bench/studies/first_result/first_result.py run --workloads "
+        f"{','.join(dict.fromkeys(r['workload'] for r in rows))} --rounds {1 + max(r['round'] for r in rows)}",
         "commit": store.git("rev-parse", "--short", "HEAD"), "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
         "torch": rows[-1]["torch"], "threads": rows[-1]["threads"], "goals_s": GOALS_S, "workloads": {},
     }  # fmt: skip
@@ -162,8 +238,14 @@ def report(out: Path) -> dict[str, Any]:
             "preset": mine[0]["preset"], "size": mine[0]["size"],
             "modes": {m: {p: _spread([r[p] for r in mine if r["mode"] == m]) for p in parts}
                       for m in MODES if any(r["mode"] == m for r in mine)},
-            "artifacts_bytes": _spread([r["artifacts_saved_bytes"] for r in mine if r.get("artifacts_saved_bytes")])
-            if any(r.get("artifacts_saved_bytes") for r in mine) else None,
+            "saved_bytes": {m: _spread(saved) for m in ("cold", "precompile_cold")
+                            if (saved := [r["artifacts_saved_bytes"] for r in mine
+                                          if r["mode"] == m and r.get("artifacts_saved_bytes")])},
+            "traced_graphs": {m: sorted({r["traced_graphs"] for r in mine if r["mode"] == m and "traced_graphs" in r})
+                              for m in MODES},
+            # every process of the workload returned the same detections (rounds without a checksum: None)
+            "outputs_agree": len({round(r["output_checksum"], 3) for r in mine}) == 1
+            if all("output_checksum" in r for r in mine) else None,
             "loadavg_1m": _spread([r["loadavg_1m"] for r in mine]),
         }  # fmt: skip
     store.write_atomic(out / f"{NAME}.json", json.dumps(summary, indent=1) + "\n")
@@ -183,8 +265,8 @@ def _markdown(summary: dict[str, Any]) -> str:
         "folder given the artifacts) 10 s.",
         "",
         "| workload | mode | first result | start-up and imports | model + weights | load artifacts | first call "
-        "| next call | goal | n |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| next call | graphs traced | goal | n |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for workload, w in summary["workloads"].items():
         for mode, m in w["modes"].items():
@@ -193,21 +275,23 @@ def _markdown(summary: dict[str, Any]) -> str:
                 s = m[part]
                 return f"{s['median']:.2f} [{s['min']:.2f}-{s['max']:.2f}]"
 
+            traced = "/".join(map(str, w["traced_graphs"].get(mode, []))) or "-"
             goal = summary["goals_s"][mode] if workload == "coco" else None
             met = "" if goal is None else (f"{goal:.0f} s, met" if m["first_result_s"]["max"] <= goal
                                            else f"{goal:.0f} s, **missed**")  # fmt: skip
             lines.append(
                 f"| {workload} ({w['preset']} {w['size'][0]}x{w['size'][1]}) | {mode} | {cell('first_result_s')} | "
                 f"{cell('startup_s')} | {cell('model_s')} | {cell('load_artifacts_s')} | {cell('first_call_s')} | "
-                f"{cell('second_call_s')} | {met} | {m['first_result_s']['n']} |"
+                f"{cell('second_call_s')} | {traced} | {met} | {m['first_result_s']['n']} |"
             )
-    lines += ["", "A goal counts as met only when every round met it (the max, not the median)."]
+    lines += ["", "A goal counts as met only when every round met it (the max, not the median). Graphs traced: "
+              "the graphs dynamo traced in the process (0 when its cache gave it the traced frame)."]  # fmt: skip
     for workload, w in summary["workloads"].items():
-        if w["artifacts_bytes"]:
-            lines.append(
-                f"{workload}: artifacts file {w['artifacts_bytes']['median'] / 1e6:.1f} MB; "
-                f"load average (1 min) {w['loadavg_1m']['min']:.1f}-{w['loadavg_1m']['max']:.1f}."
-            )
+        saved = "; ".join(f"{m} wrote {b['median'] / 1e6:.1f} MB" for m, b in w["saved_bytes"].items())
+        agree = {True: "the same detections in every process", False: "**detections differ between processes**",
+                 None: "no output checksum recorded"}[w["outputs_agree"]]  # fmt: skip
+        lines.append(f"{workload}: {saved or 'no artifacts saved'}; {agree}; load average (1 min) "
+                     f"{w['loadavg_1m']['min']:.1f}-{w['loadavg_1m']['max']:.1f}.")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -223,7 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--workloads", default="coco,tiny", help="comma-separated, from: " + ", ".join(WORKLOADS))
     r.add_argument("--rounds", type=int, default=3, help="rounds per workload (default 3)")
     rep = sub.add_parser("report", help="rewrite the .json and .md from the .jsonl")
-    for p in (r, rep):
+    prof = sub.add_parser("profile", help="cProfile of a warm precompile process's first call")
+    prof.add_argument("--workload", choices=sorted(WORKLOADS), default="coco")
+    for p in (r, rep, prof):
         p.add_argument("--out", type=Path, default=REPO / "results" / "first_result")
     c = sub.add_parser("child", help=argparse.SUPPRESS)
     c.add_argument("--preset", required=True)
@@ -231,14 +317,17 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--weights", type=Path, required=True)
     c.add_argument("--save", type=Path)
     c.add_argument("--load", type=Path)
+    c.add_argument("--precompile", action="store_true", help="compile model.forward, save with PrecompileContext")
     args = parser.parse_args(argv)
     if args.command == "child":
-        print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load)))
+        print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load, args.precompile)))
     elif args.command == "run":
         unknown = set(args.workloads.split(",")) - set(WORKLOADS)
         if unknown or args.rounds < 1:
             parser.error(f"unknown workloads {sorted(unknown)}" if unknown else "--rounds must be at least 1")
         run(args.workloads.split(","), args.rounds, args.out)
+    elif args.command == "profile":
+        print(profile(args.workload, args.out))
     else:
         report(args.out)
 
