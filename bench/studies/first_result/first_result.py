@@ -185,13 +185,20 @@ def run(workloads: list[str], rounds: int, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     journal = out / f"{NAME}.jsonl"
     done = read_lines(journal) if journal.exists() else []
+    start = {}
+    for workload in workloads:  # checked before anything runs
+        mine = [r for r in done if r["workload"] == workload]
+        complete = {r["round"] for r in mine if r["mode"] == MODES[-1]}
+        if any(r["round"] not in complete for r in mine):  # rounds are written whole: an older version's
+            raise SystemExit(f"{journal} holds {workload} rounds without the modes {', '.join(MODES)} (written "
+                             "by an older version of this study): move it away, then run again")  # fmt: skip
+        start[workload] = max(complete) + 1 if complete else 0
     with tempfile.TemporaryDirectory(prefix="first_result_") as tmp_name:
         tmp = Path(tmp_name)
         for workload in workloads:
             preset, size = WORKLOADS[workload]
             base = _weights(tmp, preset, size)
-            start = sum(1 for r in done if r["workload"] == workload and r["mode"] == MODES[-1])
-            for index in range(start, rounds):
+            for index in range(start[workload], rounds):
                 cache, fresh = tmp / f"{workload}{index}_cache", tmp / f"{workload}{index}_fresh"
                 pre_cache, artifacts = tmp / f"{workload}{index}_precompile", tmp / "artifacts.bin"
                 pre = [*base, "--precompile"]
