@@ -267,7 +267,8 @@ def run_live(opts: CompareOptions) -> tuple[list[Record], list[Record], RunDocum
 
 
 def compare(opts: CompareOptions) -> int:
-    """Print the comparison; exit 1 when a regression is flagged (ValueError: cannot be compared)."""
+    """Print the comparison; -> 1 when a regression is flagged, else 2 when a case could not be
+    tested (an error, too few samples), else 0 (ValueError: cannot be compared)."""
     doc: RunDocument | None = None
     if are_run_files(opts.a, opts.b):
         doc_a, doc_b = store.load(opts.a), store.load(opts.b)
@@ -290,7 +291,7 @@ def compare(opts: CompareOptions) -> int:
         print(f"REGRESSION {line['case']}: {line['verdict']}")
     # A case that errored on either side, or ran too few rounds to test, decides nothing: exit 2.
     # (Two stored runs are compared through their reference row, which is never tested itself.)
-    reference = (table["case"] == REFERENCE) if doc is None else False
+    reference = table["case"].eq(REFERENCE) & (doc is None)
     untested = table[table["p_value"].isna() & ~reference]
     for _, line in untested.iterrows():
         print(f"NOT DECIDED {line['case']}: {line['verdict']}", file=sys.stderr)
