@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
-from mrcnn_bench.goals import speed_target
+from mrcnn_bench.goals import speed_goals
 from mrcnn_bench.records import Record, RunDocument
 from mrcnn_bench.report import table_frame
 
@@ -78,15 +78,17 @@ def dependencies(env: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return deps
 
 
-def _target(rec: Record) -> float:
-    """The row's speed goal as a time ratio to torchvision (report.target_verdict's), else 0: none."""
-    base, factor = speed_target(rec.case, rec.preset) or ("", 0.0)
-    return factor if base in (REFERENCE, TRAIN_REFERENCE) else 0.0
+def _target(rec: Record, overrides: dict[str, Any]) -> float:
+    """The row's first speed goal set against torchvision (eager, or its training step) as a time
+    ratio, the one the table's ``x tv`` column is compared with; 0: none."""
+    factors = [g.factor for g in speed_goals(rec.case, rec.preset, rec.image_size, overrides)
+               if g.base in (REFERENCE, TRAIN_REFERENCE)]
+    return factors[0] if factors else 0.0
 
 
 def records(doc: RunDocument) -> Iterator[dict[str, Any]]:
     """One v3 record per (row, metric) of a run file; rows that were not measured give none."""
-    ratios = table_frame(doc.records).set_index("row")["ratio_vs_tv"]
+    ratios = table_frame(doc.records, doc.run.overrides).set_index("row")["ratio_vs_tv"]
     for rec in doc.records:
         if rec.status != "ok" or not rec.times_s:
             continue
@@ -111,7 +113,7 @@ def records(doc: RunDocument) -> Iterator[dict[str, Any]]:
         if ratio == ratio and rec.case != reference:
             extra = {"reference": reference, "statistic": "median over the reference's median, same run"}
             yield {**base, "metric": {"name": "ratio_to_torchvision", "benchmark_values": [ratio],
-                                      "target_value": _target(rec), "extra_info": extra}}
+                                      "target_value": _target(rec, doc.run.overrides), "extra_info": extra}}
         for field, name, unit in SCALAR_METRICS:
             value = getattr(rec, field)
             if isinstance(value, (int, float)) and value == value:

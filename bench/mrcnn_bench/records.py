@@ -172,6 +172,11 @@ class RunInfo:
     ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.ceiling.Ceiling, as a dict
     stage_flops: dict[str, dict[str, float]] = field(default_factory=dict)  # --profile: FLOPs by implementation, stage
 
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The config overrides the run was made with (``--set``); empty when none."""
+        return dict(self.options.get("overrides") or {})
+
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["workload"] = self.workload.to_dict()

@@ -23,11 +23,12 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED, REFERENCE, TRAIN_REFERENCE
-from mrcnn_bench.goals import speed_target
+from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.goals import target_verdict
 from mrcnn_bench.records import Record, RunDocument, as_number
+from mrcnn_bench.row_stats import interval_text, median, paired_ratio
 from mrcnn_bench.run_notes import images_text, notes
-from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
+from mrcnn_bench.stats import MIN_SAMPLES
 from mrcnn_bench.store import write_atomic
 
 # Every column of the table: (the HTML page's short header, what it means). The notes list them all.
@@ -65,11 +66,6 @@ TABLE_COLUMNS = list(COLUMNS)
 # HTML: text columns that wrap within a width, so that the table fits 1400 px.
 _WRAPPED = {"status": "7em", "median_s": "4em", "ratio_ci95": "5em", "compiles": "8em",
             "parity": "7em", "target": "9.5em"}
-
-
-def median(rec: Record) -> float:
-    """The record's median seconds per call; NaN from fewer than :data:`MIN_SAMPLES` timed calls."""
-    return as_number(rec.median_s) if len(rec.times_s) >= MIN_SAMPLES else math.nan
 
 
 # A q-quantile is reported only from at least 1 / (1 - q) timed calls: with fewer, no sample lies
@@ -110,75 +106,9 @@ def compiles_text(rec: Record) -> str:
     return ""
 
 
-def _parity_ok(rec: Record) -> bool:
-    return (as_number(rec.parity_matched_ref) >= PARITY_MIN_MATCHED and as_number(rec.parity_matched_other)
-            >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
-
-
-def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] | None:
-    """(median per-round ratio to the reference row, its 95% bootstrap interval) for rows timed in the
-    same rounds; None when the rounds cannot be paired or are too few. The table shows this ratio
-    rather than the ratio of the two medians, so that its point estimate is the one the interval is
-    for (the two differ when the rows' slow rounds do not coincide)."""
-    if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
-        return None
-    return paired_ratio_ci(ref.times_s, rec.times_s)
-
-
-def interval_text(interval: tuple[float, float] | None) -> str:
-    return "" if interval is None else f"[{interval[0]:.3g}, {interval[1]:.3g}]"
-
-
-def _decision(ratio: float, goal: float, interval: tuple[float, float] | None) -> str:
-    """'met' or 'missed' for a time ratio against its goal (at most ``goal``), decided by the 95%
-    interval when there is one: 'not decided' when the interval holds the goal."""
-    if interval is None:
-        return "met" if ratio <= goal + 1e-9 else "missed"
-    low, high = interval
-    if high <= goal + 1e-9:
-        return "met"
-    if low > goal + 1e-9:
-        return "missed"
-    return "not decided (the 95% CI holds the goal)"
-
-
-def target_verdict(
-    rec: Record, medians: dict[str, float], paired: tuple[float, float, float] | None = None
-) -> str:
-    """The project's speed goal for this row's case and whether it was met (parity included).
-
-    ``paired``: the time ratio to its reference with its 95% interval (:func:`paired_ratio`). With
-    it, a goal is met only when the whole interval meets it and missed only when none of it does;
-    otherwise the run could not decide, and says so.
-    """
-    target = speed_target(rec.case, rec.preset)
-    if target is None:
-        return ""
-    base, factor = target
-    if base not in (REFERENCE, TRAIN_REFERENCE):
-        paired = None  # it is against torchvision: only goals set against torchvision use it
-    interval = paired[1:] if paired else None
-    text_ci = interval_text(interval)
-    base_med, med = medians.get(base, math.nan), median(rec)
-    ratio = paired[0] if paired else med / base_med  # the table's figure
-    if rec.phase == "training":
-        label = f">= {1 / factor:.2g}x {base} throughput"
-        if math.isnan(ratio):
-            return f"{label}: not measured"
-        step = f", step-time ratio 95% CI {text_ci}" if text_ci else ""
-        return f"{label}: {_decision(ratio, factor, interval)} ({1 / ratio:.3f}x{step})"
-    label = f"<= {factor:g}x {'tv' if base == REFERENCE else base}"
-    if math.isnan(ratio):
-        return f"{label}: not measured"
-    ci = f", 95% CI {text_ci}" if text_ci else ""
-    text = f"{label}: {_decision(ratio, factor, interval)} ({ratio:.3f}x{ci})"
-    if base == REFERENCE and not _parity_ok(rec):
-        text += ", parity FAILED" if not math.isnan(as_number(rec.parity_matched_ref)) else ", parity not checked"
-    return text
-
-
-def table_frame(records: list[Record]) -> pd.DataFrame:
-    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`."""
+def table_frame(records: list[Record], overrides: dict[str, Any] | None = None) -> pd.DataFrame:
+    """The comparison table of one run (one variant), numbers unformatted, in :data:`TABLE_COLUMNS`;
+    ``overrides``: the run's config overrides, which choose the goals of its workload."""
     medians = {r.case: median(r) for r in records}
     by_case = {r.case: r for r in records}
     rows = []
@@ -212,7 +142,7 @@ def table_frame(records: list[Record]) -> pd.DataFrame:
             "box_ap": as_number(r.box_ap),
             "mask_ap": as_number(r.mask_ap),
             "parity": parity,
-            "target": target_verdict(r, medians, paired),
+            "target": target_verdict(r, by_case, overrides),
         })
     return pd.DataFrame.from_records(rows, columns=TABLE_COLUMNS)
 
@@ -258,7 +188,7 @@ def _fmt(x: Any, digits: int = 3) -> str:
 
 def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
-    df = table_frame(doc.records).astype(object)
+    df = table_frame(doc.records, doc.run.overrides).astype(object)
     for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "first_pass_s",
                 "compile_s", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
@@ -433,7 +363,7 @@ def write(doc: RunDocument, out_dir: Path, with_plots: bool = True) -> list[Path
     md = out_dir / f"{name}.md"
     write_atomic(md, f"# {name}\n\n{markdown(doc)}\n")
     csv = out_dir / f"{name}.csv"
-    write_atomic(csv, table_frame(doc.records).to_csv(index=False))
+    write_atomic(csv, table_frame(doc.records, doc.run.overrides).to_csv(index=False))
     pngs = plots(doc, out_dir, name) if with_plots else []
     page = out_dir / f"{name}.html"
     write_atomic(page, html_page(doc, pngs))

@@ -10,7 +10,7 @@ import itertools
 import math
 import statistics
 
-from mrcnn_bench.goals import speed_target
+from mrcnn_bench.goals import speed_goals
 from mrcnn_bench.records import RunDocument, RunInfo, as_number
 
 
@@ -51,11 +51,12 @@ def notes(doc: RunDocument) -> list[str]:
     if flops:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
-    if any(speed_target(r.case, r.preset) for r in doc.records):
-        out.append("target: this project's speed goal for the row, as a multiple of another row's median "
-                   "(`<= 0.7x tv`: at most 0.7 times torchvision eager's latency per call; training: at least "
-                   "that many times torchvision's training throughput), and whether this run met it; a row "
-                   "measured against torchvision must also match its detections (parity) to count as met.")
+    if any(speed_goals(r.case, r.preset, r.image_size, run.overrides) for r in doc.records):
+        out.append("target: this project's speed goals for the row in this workload (bench/mrcnn_bench/goals.py), "
+                   "each a multiple of another row's median (`<= 0.7x tv`: at most 0.7 times torchvision eager's "
+                   "latency per call; training: at least that many times torchvision's training throughput), "
+                   "and whether this run met it, decided by the 95% interval of the per-round ratio to that row; "
+                   "a goal set against a torchvision row also needs parity with its detections to count as met.")
     evaluated = [r for r in doc.records if r.eval_images]
     if evaluated:
         out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0].eval_images} images of the "

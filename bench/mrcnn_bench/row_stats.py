@@ -1,0 +1,37 @@
+"""Statistics of one row of a run: its median, its per-round ratio to another row, its parity.
+
+Shared by the table (:mod:`mrcnn_bench.report`) and the goals' verdicts (:mod:`mrcnn_bench.goals`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED
+from mrcnn_bench.records import Record, as_number
+from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
+
+
+def median(rec: Record) -> float:
+    """The record's median seconds per call; NaN from fewer than :data:`MIN_SAMPLES` timed calls."""
+    return as_number(rec.median_s) if len(rec.times_s) >= MIN_SAMPLES else math.nan
+
+
+def parity_ok(rec: Record) -> bool:
+    """Whether the row's detections matched torchvision eager's, both ways, with the mask IoU required."""
+    return (as_number(rec.parity_matched_ref) >= PARITY_MIN_MATCHED and as_number(rec.parity_matched_other)
+            >= PARITY_MIN_MATCHED and as_number(rec.mask_iou_mean) >= PARITY_MIN_MASK_IOU)
+
+
+def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] | None:
+    """(median per-round ratio to the reference row, its 95% bootstrap interval) for rows timed in the
+    same rounds; None when the rounds cannot be paired or are too few. The table shows this ratio
+    rather than the ratio of the two medians, so that its point estimate is the one the interval is
+    for (the two differ when the rows' slow rounds do not coincide)."""
+    if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
+        return None
+    return paired_ratio_ci(ref.times_s, rec.times_s)
+
+
+def interval_text(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else f"[{interval[0]:.3g}, {interval[1]:.3g}]"
