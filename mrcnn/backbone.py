@@ -67,6 +67,18 @@ def padded_extents(image_sizes: Tensor, size_divisible: int) -> Tensor:
     return (image_sizes + size_divisible - 1) // size_divisible * size_divisible
 
 
+def fills_canvas(extents: Tensor, canvas: tuple[int, int]) -> bool:
+    """Whether every image's extent ([B, 2], :func:`padded_extents`) is the whole canvas, where the
+    masks of :func:`masked_features` are all ones and :func:`edge_extended` copies nothing.
+
+    Read on the host, so only in eager on the CPU, where the sizes are there already: a compiled or
+    exported graph, XLA and CUDA keep the masks (one graph whatever the sizes, no device sync).
+    """
+    if torch.compiler.is_compiling() or extents.device.type != "cpu":
+        return False
+    return bool((extents == extents.new_tensor(canvas)).all())
+
+
 def level_extents(extents: Tensor, stride: int) -> Tensor:
     """[B, 2] input extents -> [B, 2] torchvision's feature-map size at ``stride`` (a power of 2).
 

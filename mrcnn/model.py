@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, edge_extended, padded_extents
+from mrcnn.backbone import build_backbone, edge_extended, fills_canvas, padded_extents
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout
 from mrcnn.losses import check_targets, masks_are_cropped
@@ -124,7 +124,8 @@ class MaskRCNN(nn.Module):
         With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
         (the image's size rounded up to ``size_divisible``; in training, the batch's largest):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
-        the edge as torchvision's clamps it.
+        the edge as torchvision's clamps it. Where every extent is the whole canvas there is no
+        padding to mask, and eager on the CPU skips the masks (:func:`mrcnn.backbone.fills_canvas`).
         """
         images = conv_layout(batch.tensors, self.cfg)
         if not self.cfg.mask_padding:
@@ -137,6 +138,10 @@ class MaskRCNN(nn.Module):
             # losses depend on that; inference matches torchvision running each image alone.
             largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
             extents = largest.expand_as(extents)
+        if fills_canvas(extents, canvas):
+            # Nothing to mask: the same maps without a pass over every activation for each mask.
+            features = list(self.backbone(images).values())
+            return features, self._pooling_layout(features[:4]), extents
         features = list(self.backbone(images, extents).values())  # P2..P6
         pooled = [edge_extended(f, extents, canvas) for f in features[:4]]
         return features, self._pooling_layout(pooled), extents

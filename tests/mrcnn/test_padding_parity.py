@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrcnn.backbone import masked_features, padded_extents
+from mrcnn.backbone import edge_extended, fills_canvas, masked_features, padded_extents
+from mrcnn.layout import conv_layout
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections, same_detections, torchvision_stable_ties
 from mrcnn.postprocess import postprocess
@@ -97,6 +98,27 @@ def test_features_match_torchvision_inside_extent(tiny_cfg, tiny_weights, size):
         assert float(m[..., h:, :].abs().sum() + m[..., :, w:].abs().sum()) == 0.0
         if level < 4:  # without masking the canvas padding leaks into the border
             assert float((p[..., :h, :w] - e).abs().max()) > 1e-2 * scale
+
+
+def test_a_canvas_its_extent_fills_runs_without_masks_and_gives_the_same_maps(tiny_cfg, tiny_weights):
+    """Where every image's extent is the whole canvas the masks are all ones: eager on the CPU runs
+    the backbone without them and gets the masked path's levels, pooled levels included."""
+    model = _static(tiny_cfg, tiny_weights)
+    batch = to_image_batch([photo(PHOTOS[0], (320, 448)), photo(PHOTOS[1], (320, 448))], tiny_cfg)
+    canvas = tuple(batch.tensors.shape[-2:])
+    extents = padded_extents(batch.image_sizes, tiny_cfg.size_divisible)
+    assert canvas == (320, 448) and fills_canvas(extents, canvas)
+    with torch.no_grad():
+        masked = masked_features(model.backbone, conv_layout(batch.tensors, model.cfg), extents)
+        features, pooled, got = model.features(batch)
+    assert torch.equal(got, extents)
+    for level, (m, f) in enumerate(zip(masked, features)):
+        torch.testing.assert_close(f, m, atol=0, rtol=0, msg=f"level {level}")
+    for level, (m, p) in enumerate(zip(masked[:4], pooled)):
+        torch.testing.assert_close(p, edge_extended(m, extents, canvas), atol=0, rtol=0, msg=f"pooled {level}")
+    # One image of the batch short of the canvas: the masks stay on.
+    short = to_image_batch([photo(PHOTOS[0], (320, 448)), photo(PHOTOS[0], (320, 385))], tiny_cfg)
+    assert not fills_canvas(padded_extents(short.image_sizes, tiny_cfg.size_divisible), canvas)
 
 
 def test_calibrated_weights_give_distinct_scores_on_photographs(reference):
