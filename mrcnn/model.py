@@ -128,22 +128,20 @@ class MaskRCNN(nn.Module):
         padding to mask, and eager on the CPU skips the masks (:func:`mrcnn.backbone.fills_canvas`).
         """
         images = conv_layout(batch.tensors, self.cfg)
-        if not self.cfg.mask_padding:
-            features = list(self.backbone(images).values())
-            return features, self._pooling_layout(features[:4]), None
         canvas = canvas_of(batch)
-        extents = padded_extents(batch.image_sizes, self.cfg.size_divisible)
-        if self.training:
-            # torchvision trains on batches padded to the largest image's extent, so each image's
-            # losses depend on that; inference matches torchvision running each image alone.
-            largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
-            extents = largest.expand_as(extents)
-        if fills_canvas(extents, canvas):
-            # Nothing to mask: the same maps without a pass over every activation for each mask.
-            features = list(self.backbone(images).values())
-            return features, self._pooling_layout(features[:4]), extents
-        features = list(self.backbone(images, extents).values())  # P2..P6
-        pooled = [edge_extended(f, extents, canvas) for f in features[:4]]
+        extents = masked = None
+        if self.cfg.mask_padding:
+            extents = padded_extents(batch.image_sizes, self.cfg.size_divisible)
+            if self.training:
+                # torchvision trains on batches padded to the largest image's extent, so each image's
+                # losses depend on that; inference matches torchvision running each image alone.
+                largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
+                extents = largest.expand_as(extents)
+            # Nothing to mask where every extent is the canvas: the same maps without a pass over
+            # every activation for each mask.
+            masked = None if fills_canvas(extents, canvas) else extents
+        features = list(self.backbone(images, masked).values())  # P2..P6
+        pooled = features[:4] if masked is None else [edge_extended(f, masked, canvas) for f in features[:4]]
         return features, self._pooling_layout(pooled), extents
 
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:

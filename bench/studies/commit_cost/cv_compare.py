@@ -51,9 +51,10 @@ def _cv_and_runs(folder: Path) -> tuple[dict[str, float], int]:
     return {case: float(table.loc[f"{case} ratio", "cv"]) for case in RATIOS if f"{case} ratio" in table.index}, runs
 
 
-def f_row(label: str, folder: Path, first: Path) -> dict[str, str]:
-    """Relative variance of ``folder``'s study over ``first``'s per ratio, with the two-sided F-test's p."""
-    (cvs, runs), (base, base_runs) = _cv_and_runs(folder), _cv_and_runs(first)
+def f_row(label: str, folder: Path, first: tuple[dict[str, float], int]) -> dict[str, str]:
+    """Relative variance of ``folder``'s study over the first study's (its :func:`_cv_and_runs`) per
+    ratio, with the two-sided F-test's p."""
+    (cvs, runs), (base, base_runs) = _cv_and_runs(folder), first
     out = {"study": f"{label} ({runs} runs)"}
     for case in RATIOS:
         if case not in cvs or case not in base or not base[case] > 0:
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             + pd.DataFrame(rows).to_markdown(index=False) + "\n")
     studies = [text_.partition("=") for text_ in args.studies]
     if len(studies) > 1:
-        first = Path(studies[0][2])
+        first = _cv_and_runs(Path(studies[0][2]))
         tests = [f_row(label, Path(folder), first) for label, _, folder in studies[1:]]
         text += (f"\nRelative variance against {studies[0][0]} (F = (cv / cv_first)^2, two-sided F-test)\n\n"
                  + pd.DataFrame(tests).to_markdown(index=False) + "\n")
