@@ -67,16 +67,31 @@ def padded_extents(image_sizes: Tensor, size_divisible: int) -> Tensor:
     return (image_sizes + size_divisible - 1) // size_divisible * size_divisible
 
 
-def fills_canvas(extents: Tensor, canvas: tuple[int, int]) -> bool:
-    """Whether every image's extent ([B, 2], :func:`padded_extents`) is the whole canvas, where the
-    masks of :func:`masked_features` are all ones and :func:`edge_extended` copies nothing.
+def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int], Tensor | None]:
+    """[B, 2] extents (:func:`padded_extents`) on ``canvas`` -> (the part of the canvas the backbone
+    runs on, the extents :func:`masked_features` masks there, or None for no masks).
 
-    Read on the host, so only in eager on the CPU, where the sizes are there already: a compiled or
-    exported graph, XLA and CUDA keep the masks (one graph whatever the sizes, no device sync).
+    Graphs (compiled, exported, XLA, CUDA): the whole canvas, masked, so one graph serves every size
+    and no call waits on the device. Eager on the CPU, where the sizes are on the host already: the
+    batch's largest extent, masked only where the extents differ. For one image that is
+    torchvision's own work, its padded size, with no masks; :func:`canvas_levels` pads the maps back.
     """
     if torch.compiler.is_compiling() or extents.device.type != "cpu":
-        return False
-    return bool((extents == extents.new_tensor(canvas)).all())
+        return canvas, extents
+    largest = extents.amax(0)
+    crop = (int(largest[0]), int(largest[1]))
+    return crop, None if bool((extents == largest).all()) else extents
+
+
+def canvas_levels(levels: list[Tensor], canvas: tuple[int, int]) -> list[Tensor]:
+    """P2..P6 of a part of the canvas (:func:`eager_crop`), each zero outside the extents, -> the
+    same maps zero-padded to the canvas's: [B, C, ceil(H / s), ceil(W / s)] at strides s = 4..64."""
+    out = []
+    for i, f in enumerate(levels):
+        stride = 4 * 2**i  # ceil(n / stride) per side, as level_extents
+        h, w = -(-canvas[0] // stride), -(-canvas[1] // stride)
+        out.append(f if f.shape[-2:] == (h, w) else F.pad(f, (0, w - f.shape[-1], 0, h - f.shape[-2])))
+    return out
 
 
 def level_extents(extents: Tensor, stride: int) -> Tensor:

@@ -150,9 +150,10 @@ class Config:
     # torch.channels_last (NHWC) on CPU and CUDA, their conv weights included (MaskRCNN converts
     # them; state_dict names and shapes are unchanged). "auto" (the default) resolves by the input's
     # device (mrcnn.layout.channels_last_on): NHWC activations in eager where that was measured
-    # faster, the CPU, with the weights left as loaded (oneDNN takes the layout from the input);
-    # NCHW elsewhere and under torch.compile, where inductor picks the layout itself. Same outputs
-    # up to float rounding either way. XLA has no strides and ignores it. Measured: docs/model.md.
+    # faster, the CPU, with the conv weights kept NHWC while the model is there (so no call
+    # converts them); NCHW activations elsewhere and under torch.compile, where inductor picks the
+    # layout itself. Same outputs up to float rounding either way. XLA has no strides and ignores
+    # it. Measured: docs/model.md.
     channels_last: bool | str = "auto"
 
     @property

@@ -8,7 +8,7 @@ copy at every call.
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mrcnn.config import Config
 
@@ -26,6 +26,26 @@ def channels_last_on(cfg: Config, device: torch.device) -> bool:
     if cfg.channels_last == "auto":
         return device.type in AUTO_CHANNELS_LAST and not torch.compiler.is_compiling()
     return bool(cfg.channels_last) and device.type in ("cpu", "cuda")
+
+
+def place_conv_weights(model: nn.Module, cfg: Config) -> None:
+    """Put ``model``'s 4-D parameters (conv weights) in the layout its convolutions run in on the
+    device the model is on: NHWC where :func:`channels_last_on` says so outside a graph (``True``,
+    and ``"auto"`` on the CPU), so that no eager convolution converts its weight at every call;
+    ``"auto"`` elsewhere makes them NCHW again; ``False`` leaves them as loaded. XLA has no strides.
+
+    Names, shapes and values are unchanged, and ``load_state_dict`` copies into this layout. Under
+    ``torch.compile`` the weights are graph inputs (constants once frozen) whose layout inductor
+    reads; measured in docs/model.md.
+    """
+    first = next(model.parameters(), None)
+    if first is None or cfg.channels_last is False or first.device.type not in ("cpu", "cuda"):
+        return
+    nhwc = cfg.channels_last is True or first.device.type in AUTO_CHANNELS_LAST
+    layout = torch.channels_last if nhwc else torch.contiguous_format
+    for p in model.parameters():
+        if p.dim() == 4 and not p.is_contiguous(memory_format=layout):
+            p.data = p.data.contiguous(memory_format=layout)
 
 
 def conv_layout(x: Tensor, cfg: Config) -> Tensor:

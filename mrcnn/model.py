@@ -19,12 +19,14 @@ the single graph.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, edge_extended, fills_canvas, padded_extents
+from mrcnn.backbone import build_backbone, canvas_levels, eager_crop, edge_extended, padded_extents
 from mrcnn.config import Canvas, Config, get_config
-from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout
+from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped
 from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
@@ -44,10 +46,14 @@ class MaskRCNN(nn.Module):
         self.backbone = build_backbone(self.cfg)
         self.rpn = RegionProposalNetwork(self.cfg)
         self.roi_heads = RoIHeads(self.cfg)
-        if self.cfg.channels_last is True:
-            # Conv weights in NHWC: 4-D parameters only, names and shapes unchanged, and
-            # load_state_dict copies a checkpoint into this layout. "auto" leaves them as loaded.
-            self.to(memory_format=torch.channels_last)
+        place_conv_weights(self, self.cfg)
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> MaskRCNN:
+        """Every move (``to``, ``cuda``, ``float``, ...) then puts the conv weights in the layout
+        of the convolutions on the new device (:func:`mrcnn.layout.place_conv_weights`)."""
+        module = super()._apply(fn, recurse)
+        place_conv_weights(self, self.cfg)
+        return module
 
     def forward(self, batch: ImageBatch, targets: Targets | None = None) -> Detections | dict[str, Tensor]:
         """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image.
@@ -124,12 +130,13 @@ class MaskRCNN(nn.Module):
         With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
         (the image's size rounded up to ``size_divisible``; in training, the batch's largest):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
-        the edge as torchvision's clamps it. Where every extent is the whole canvas there is no
-        padding to mask, and eager on the CPU skips the masks (:func:`mrcnn.backbone.fills_canvas`).
+        the edge as torchvision's clamps it. Eager on the CPU runs the backbone on the batch's largest
+        extent instead, masked only where the extents differ, and pads the maps back to the canvas
+        (:func:`mrcnn.backbone.eager_crop`); graphs keep the whole canvas, masked.
         """
-        images = conv_layout(batch.tensors, self.cfg)
         canvas = canvas_of(batch)
         extents = masked = None
+        crop = canvas
         if self.cfg.mask_padding:
             extents = padded_extents(batch.image_sizes, self.cfg.size_divisible)
             if self.training:
@@ -137,11 +144,18 @@ class MaskRCNN(nn.Module):
                 # losses depend on that; inference matches torchvision running each image alone.
                 largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
                 extents = largest.expand_as(extents)
-            # Nothing to mask where every extent is the canvas: the same maps without a pass over
-            # every activation for each mask.
-            masked = None if fills_canvas(extents, canvas) else extents
-        features = list(self.backbone(images, masked).values())  # P2..P6
-        pooled = features[:4] if masked is None else [edge_extended(f, masked, canvas) for f in features[:4]]
+            # Eager on the CPU runs the backbone on the batch's largest extent only, without masks
+            # where that is every image's: torchvision's work, not the canvas's.
+            crop, masked = eager_crop(extents, canvas)
+        if crop == canvas:
+            features = list(self.backbone(conv_layout(batch.tensors, self.cfg), masked).values())  # P2..P6
+        else:
+            images = conv_layout(batch.tensors[..., : crop[0], : crop[1]], self.cfg)
+            features = canvas_levels(list(self.backbone(images, masked).values()), canvas)
+        if masked is None and crop == canvas:
+            pooled = features[:4]  # no padding anywhere: RoIAlign reads the maps as they are
+        else:
+            pooled = [edge_extended(f, extents, canvas) for f in features[:4]]
         return features, self._pooling_layout(pooled), extents
 
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:

@@ -81,11 +81,26 @@ def test_weights_keep_their_names_and_load(tiny_cfg, tiny_weights):
     assert not all(w.is_contiguous() for w in convs)
 
 
-def test_auto_is_the_default_and_leaves_the_weights_as_loaded(tiny_cfg, tiny_weights):
+def _conv_weights(model):
+    return [m.weight for m in model.modules() if isinstance(m, nn.Conv2d | nn.ConvTranspose2d)]
+
+
+def test_auto_is_the_default_and_puts_the_weights_in_the_layout_of_the_device(tiny_cfg, tiny_weights, monkeypatch):
+    """"auto" keeps the conv weights in the layout eager convolutions run in on the model's device
+    (no per-call conversion): NHWC on the CPU, and NCHW again after a move to a device where the
+    activations stay NCHW (here the CPU, made such a device)."""
     assert get_config("tiny").channels_last == "auto"
     model = _static(tiny_cfg, tiny_weights, channels_last="auto")
-    convs = [m.weight for m in model.modules() if isinstance(m, nn.Conv2d | nn.ConvTranspose2d)]
-    assert all(w.is_contiguous() for w in convs)
+    convs = _conv_weights(model)
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert not all(w.is_contiguous() for w in convs)  # 1x1 kernels are both
+    monkeypatch.setattr("mrcnn.layout.AUTO_CHANNELS_LAST", frozenset())
+    model.to(torch.float32)  # any move re-places the weights
+    assert all(w.is_contiguous() for w in _conv_weights(model))
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in tiny_weights.items() if k in state)
+    # False leaves the weights as loaded.
+    assert all(w.is_contiguous() for w in _conv_weights(_static(tiny_cfg, tiny_weights, channels_last=False)))
 
 
 @pytest.mark.parametrize(

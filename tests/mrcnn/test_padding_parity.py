@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrcnn.backbone import edge_extended, fills_canvas, masked_features, padded_extents
+from mrcnn.backbone import eager_crop, edge_extended, masked_features, padded_extents
 from mrcnn.layout import conv_layout
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections, same_detections, torchvision_stable_ties
@@ -100,25 +100,55 @@ def test_features_match_torchvision_inside_extent(tiny_cfg, tiny_weights, size):
             assert float((p[..., :h, :w] - e).abs().max()) > 1e-2 * scale
 
 
+def _masked_on_canvas(model, batch, extents):
+    """The graphs' path: the whole canvas, masked -> (P2..P6, pooled P2..P5 before the layout)."""
+    canvas = tuple(batch.tensors.shape[-2:])
+    with torch.no_grad():
+        levels = masked_features(model.backbone, conv_layout(batch.tensors, model.cfg), extents)
+    return levels, [edge_extended(f, extents, canvas) for f in levels[:4]]
+
+
 def test_a_canvas_its_extent_fills_runs_without_masks_and_gives_the_same_maps(tiny_cfg, tiny_weights):
     """Where every image's extent is the whole canvas the masks are all ones: eager on the CPU runs
-    the backbone without them and gets the masked path's levels, pooled levels included."""
+    the backbone on the whole canvas without them and gets the masked path's levels to the bit."""
     model = _static(tiny_cfg, tiny_weights)
     batch = to_image_batch([photo(PHOTOS[0], (320, 448)), photo(PHOTOS[1], (320, 448))], tiny_cfg)
     canvas = tuple(batch.tensors.shape[-2:])
     extents = padded_extents(batch.image_sizes, tiny_cfg.size_divisible)
-    assert canvas == (320, 448) and fills_canvas(extents, canvas)
+    assert canvas == (320, 448) and eager_crop(extents, canvas) == (canvas, None)
+    masked, masked_pooled = _masked_on_canvas(model, batch, extents)
     with torch.no_grad():
-        masked = masked_features(model.backbone, conv_layout(batch.tensors, model.cfg), extents)
         features, pooled, got = model.features(batch)
     assert torch.equal(got, extents)
     for level, (m, f) in enumerate(zip(masked, features)):
         torch.testing.assert_close(f, m, atol=0, rtol=0, msg=f"level {level}")
-    for level, (m, p) in enumerate(zip(masked[:4], pooled)):
-        torch.testing.assert_close(p, edge_extended(m, extents, canvas), atol=0, rtol=0, msg=f"pooled {level}")
-    # One image of the batch short of the canvas: the masks stay on.
-    short = to_image_batch([photo(PHOTOS[0], (320, 448)), photo(PHOTOS[0], (320, 385))], tiny_cfg)
-    assert not fills_canvas(padded_extents(short.image_sizes, tiny_cfg.size_divisible), canvas)
+    for level, (m, p) in enumerate(zip(masked_pooled, pooled)):
+        torch.testing.assert_close(p, m, atol=0, rtol=0, msg=f"pooled {level}")
+
+
+@pytest.mark.parametrize("sizes", [[(320, 385)], [(287, 512)], [(320, 448), (320, 385)], [(288, 416), (256, 448)]])
+def test_eager_runs_the_backbone_on_the_largest_extent_with_the_canvas_maps(tiny_cfg, tiny_weights, sizes):
+    """Eager on the CPU crops the canvas to the batch's largest extent (masked only where the
+    extents differ) and pads the maps back: the graphs' masked canvas maps, to float rounding, and
+    zero outside each extent. A compiled graph or another device keeps the canvas, masked."""
+    model = _static(tiny_cfg, tiny_weights)
+    batch = to_image_batch([photo(PHOTOS[i % 2], size) for i, size in enumerate(sizes)], tiny_cfg)
+    canvas = tuple(batch.tensors.shape[-2:])
+    extents = padded_extents(batch.image_sizes, tiny_cfg.size_divisible)
+    crop, masked_extents = eager_crop(extents, canvas)
+    assert crop == tuple(extents.amax(0).tolist()) and (crop != canvas or masked_extents is not None)
+    assert (masked_extents is None) == (len(set(map(tuple, extents.tolist()))) == 1)
+    assert eager_crop(extents.to("meta"), canvas)[0] == canvas
+    masked, masked_pooled = _masked_on_canvas(model, batch, extents)
+    with torch.no_grad():
+        features, pooled, _ = model.features(batch)
+    for level, (m, f) in enumerate(zip(masked + masked_pooled, features + pooled)):
+        assert f.shape == m.shape, level
+        # Only float summation order differs (convolutions of different sizes).
+        torch.testing.assert_close(f, m, atol=1e-5 * float(m.abs().max()), rtol=0, msg=f"level {level}")
+    for level, f in enumerate(features):
+        h, w = (-(-extents[:, 0].max() // 2 ** (level + 2))), (-(-extents[:, 1].max() // 2 ** (level + 2)))
+        assert float(f[..., int(h) :, :].abs().sum() + f[..., :, int(w) :].abs().sum()) == 0.0, level
 
 
 def test_calibrated_weights_give_distinct_scores_on_photographs(reference):
