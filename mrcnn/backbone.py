@@ -83,14 +83,33 @@ def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int
     return crop, None if bool((extents == largest).all()) else extents
 
 
+def canvas_level_size(canvas: tuple[int, int], level: int) -> tuple[int, int]:
+    """(h, w) of level ``level`` (0..4: P2..P6, strides 4..64) on ``canvas``: ceil(n / stride)."""
+    stride = 4 * 2**level
+    return -(-canvas[0] // stride), -(-canvas[1] // stride)
+
+
 def canvas_levels(levels: list[Tensor], canvas: tuple[int, int]) -> list[Tensor]:
     """P2..P6 of a part of the canvas (:func:`eager_crop`), each zero outside the extents, -> the
     same maps zero-padded to the canvas's: [B, C, ceil(H / s), ceil(W / s)] at strides s = 4..64."""
     out = []
     for i, f in enumerate(levels):
-        stride = 4 * 2**i  # ceil(n / stride) per side, as level_extents
-        h, w = -(-canvas[0] // stride), -(-canvas[1] // stride)
+        h, w = canvas_level_size(canvas, i)
         out.append(f if f.shape[-2:] == (h, w) else F.pad(f, (0, w - f.shape[-1], 0, h - f.shape[-2])))
+    return out
+
+
+def edge_padded(feature: Tensor, size: tuple[int, int]) -> Tensor:
+    """[B, C, h, w] computed on every image's extent -> [B, C, *size]: zero-padded, with row h and
+    column w copied from h - 1 and w - 1 where they fit: :func:`edge_extended` of the zero-padded
+    map, in one pass instead of three over the canvas."""
+    h, w = feature.shape[-2:]
+    out = F.pad(feature, (0, size[1] - w, 0, size[0] - h))
+    if h < size[0]:
+        out[..., h, :w] = feature[..., h - 1, :]
+    if w < size[1]:
+        rows = min(h + 1, size[0])
+        out[..., :rows, w] = out[..., :rows, w - 1]
     return out
 
 

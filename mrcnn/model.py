@@ -24,7 +24,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, canvas_levels, eager_crop, edge_extended, padded_extents
+from mrcnn.backbone import (
+    build_backbone,
+    canvas_level_size,
+    canvas_levels,
+    eager_crop,
+    edge_extended,
+    edge_padded,
+    padded_extents,
+)
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped
@@ -125,14 +133,15 @@ class MaskRCNN(nn.Module):
         return self.roi_heads.mask_branch_loss(pooled, targets, rois, canvas, images)
 
     def features(self, batch: ImageBatch) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
-        """-> (P2..P6 for the RPN, P2..P5 for RoIAlign, extents [B, 2] or None).
+        """-> (P2..P6 for the RPN, P2..P5 for RoIAlign on the canvas, extents [B, 2] or None).
 
         With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
         (the image's size rounded up to ``size_divisible``; in training, the batch's largest):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
         the edge as torchvision's clamps it. Eager on the CPU runs the backbone on the batch's largest
-        extent instead, masked only where the extents differ, and pads the maps back to the canvas
-        (:func:`mrcnn.backbone.eager_crop`); graphs keep the whole canvas, masked.
+        extent instead (:func:`mrcnn.backbone.eager_crop`), masked only where the extents differ; P2..P6
+        are then that crop's, and the RoIAlign levels are padded back to the canvas. Graphs keep
+        the whole canvas, masked.
         """
         canvas = canvas_of(batch)
         extents = masked = None
@@ -149,13 +158,17 @@ class MaskRCNN(nn.Module):
             crop, masked = eager_crop(extents, canvas)
         if crop == canvas:
             features = list(self.backbone(conv_layout(batch.tensors, self.cfg), masked).values())  # P2..P6
-        else:
-            images = conv_layout(batch.tensors[..., : crop[0], : crop[1]], self.cfg)
-            features = canvas_levels(list(self.backbone(images, masked).values()), canvas)
-        if masked is None and crop == canvas:
-            pooled = features[:4]  # no padding anywhere: RoIAlign reads the maps as they are
-        else:
-            pooled = [edge_extended(f, extents, canvas) for f in features[:4]]
+            pooled = features[:4] if masked is None else [edge_extended(f, extents, canvas) for f in features[:4]]
+            return features, self._pooling_layout(pooled), extents
+        # The RPN takes the crop's levels as they are (its head pads its outputs to the canvas).
+        images = conv_layout(batch.tensors[..., : crop[0], : crop[1]], self.cfg)
+        features = list(self.backbone(images, masked).values())
+        if masked is None:
+            # Every image's extent is the crop: lay out and edge-pad the crop's maps, not the canvas's.
+            sizes = [canvas_level_size(canvas, i) for i in range(4)]
+            pooled = [edge_padded(f, size) for f, size in zip(self._pooling_layout(features[:4]), sizes, strict=True)]
+            return features, pooled, extents
+        pooled = [edge_extended(f, extents, canvas) for f in canvas_levels(features[:4], canvas)]
         return features, self._pooling_layout(pooled), extents
 
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:

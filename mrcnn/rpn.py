@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torchvision.models.detection.rpn import RPNHead
 
 from mrcnn.anchors import Anchors
+from mrcnn.backbone import canvas_level_size, canvas_levels
 from mrcnn.box_ops import RPN_BOX_WEIGHTS, box_iou, clip_boxes, decode_boxes, large_enough
 from mrcnn.config import Config
 from mrcnn.losses import rpn_losses
@@ -53,7 +54,8 @@ class RegionProposalNetwork(nn.Module):
         image_valid: Tensor | None = None,
         extents: Tensor | None = None,
     ) -> tuple[Proposals, dict[str, Tensor]]:
-        """features: FPN levels [B, C, H_l, W_l]; image_sizes [B, 2] -> (Proposals, losses).
+        """features: FPN levels [B, C, H_l, W_l] of the canvas (eager: of its top-left crop that
+        holds every extent); image_sizes [B, 2] -> (Proposals, losses).
 
         With ``targets`` (training) the losses are ``loss_objectness`` and ``loss_rpn_box_reg``;
         ``image_valid`` [B] bool leaves the padding slots of an incomplete batch out of them.
@@ -62,7 +64,11 @@ class RegionProposalNetwork(nn.Module):
         feature maps for that size and at its strides.
         """
         objectness_maps, delta_maps = self.head(features)
-        feature_sizes = [tuple(f.shape[-2:]) for f in features]
+        if tuple(features[0].shape[-2:]) != canvas_level_size(canvas, 0):
+            # Eager's crop of the canvas (mrcnn.backbone.eager_crop): the head ran on the crop's maps,
+            # which is what the canvas's give inside every extent; outside, no anchor is ``inside``.
+            objectness_maps, delta_maps = canvas_levels(objectness_maps, canvas), canvas_levels(delta_maps, canvas)
+        feature_sizes = [tuple(f.shape[-2:]) for f in objectness_maps]
         anchors = self.anchors(canvas, feature_sizes, extents)  # [A_total, 4], or [B, A_total, 4]
         inside = None if extents is None else self.anchors.inside(canvas, feature_sizes, extents)  # [B, A_total]
         objectness = flatten_head_outputs(objectness_maps, 1)[..., 0]  # [B, A_total]

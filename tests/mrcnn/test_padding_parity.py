@@ -11,7 +11,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrcnn.backbone import eager_crop, edge_extended, masked_features, padded_extents
+from mrcnn.backbone import (
+    canvas_level_size,
+    canvas_levels,
+    eager_crop,
+    edge_extended,
+    edge_padded,
+    masked_features,
+    padded_extents,
+)
 from mrcnn.layout import conv_layout
 from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections, same_detections, torchvision_stable_ties
@@ -129,8 +137,8 @@ def test_a_canvas_its_extent_fills_runs_without_masks_and_gives_the_same_maps(ti
 @pytest.mark.parametrize("sizes", [[(320, 385)], [(287, 512)], [(320, 448), (320, 385)], [(288, 416), (256, 448)]])
 def test_eager_runs_the_backbone_on_the_largest_extent_with_the_canvas_maps(tiny_cfg, tiny_weights, sizes):
     """Eager on the CPU crops the canvas to the batch's largest extent (masked only where the
-    extents differ) and pads the maps back: the graphs' masked canvas maps, to float rounding, and
-    zero outside each extent. A compiled graph or another device keeps the canvas, masked."""
+    extents differ): RoIAlign gets the graphs' masked canvas maps and the RPN the crop's, to float
+    rounding, zero outside each extent. A compiled graph or another device keeps the canvas, masked."""
     model = _static(tiny_cfg, tiny_weights)
     batch = to_image_batch([photo(PHOTOS[i % 2], size) for i, size in enumerate(sizes)], tiny_cfg)
     canvas = tuple(batch.tensors.shape[-2:])
@@ -142,6 +150,9 @@ def test_eager_runs_the_backbone_on_the_largest_extent_with_the_canvas_maps(tiny
     masked, masked_pooled = _masked_on_canvas(model, batch, extents)
     with torch.no_grad():
         features, pooled, _ = model.features(batch)
+    # The RPN's levels are the crop's (its head pads its outputs); RoIAlign's are on the canvas.
+    assert [tuple(f.shape[-2:]) for f in features] == [canvas_level_size(crop, i) for i in range(5)]
+    features = canvas_levels(features, canvas)
     for level, (m, f) in enumerate(zip(masked + masked_pooled, features + pooled)):
         assert f.shape == m.shape, level
         # Only float summation order differs (convolutions of different sizes).
@@ -149,6 +160,18 @@ def test_eager_runs_the_backbone_on_the_largest_extent_with_the_canvas_maps(tiny
     for level, f in enumerate(features):
         h, w = (-(-extents[:, 0].max() // 2 ** (level + 2))), (-(-extents[:, 1].max() // 2 ** (level + 2)))
         assert float(f[..., int(h) :, :].abs().sum() + f[..., :, int(w) :].abs().sum()) == 0.0, level
+
+
+@pytest.mark.parametrize(("crop", "size"), [((5, 7), (8, 9)), ((5, 7), (5, 9)), ((5, 7), (8, 7)), ((5, 7), (5, 7))])
+def test_edge_padding_a_crop_is_edge_extending_its_zero_padded_map(crop, size):
+    """The eager crop's pooled levels: one pad with the edge row and column copied equals
+    edge_extended over the zero-padded map, to the bit, channels_last or not."""
+    for layout in (torch.contiguous_format, torch.channels_last):
+        level = torch.randn(2, 3, *crop).contiguous(memory_format=layout)
+        padded = torch.nn.functional.pad(level, (0, size[1] - crop[1], 0, size[0] - crop[0]))
+        canvas = (size[0] * 4, size[1] * 4)  # a P2 map of this size: stride 4
+        extents = torch.tensor([[crop[0] * 4, crop[1] * 4]] * 2)
+        torch.testing.assert_close(edge_padded(level, size), edge_extended(padded, extents, canvas), atol=0, rtol=0)
 
 
 def test_calibrated_weights_give_distinct_scores_on_photographs(reference):
