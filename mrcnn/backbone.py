@@ -74,7 +74,8 @@ def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int
     Graphs (compiled, exported, XLA, CUDA): the whole canvas, masked, so one graph serves every size
     and no call waits on the device. Eager on the CPU, where the sizes are on the host already: the
     batch's largest extent, masked only where the extents differ. For one image that is
-    torchvision's own work, its padded size, with no masks; :func:`canvas_levels` pads the maps back.
+    torchvision's own work, its padded size, with no masks; what reads the maps on the canvas then
+    pads them (:func:`canvas_levels`, :func:`edge_padded`).
     """
     if torch.compiler.is_compiling() or extents.device.type != "cpu":
         return canvas, extents
@@ -90,8 +91,9 @@ def canvas_level_size(canvas: tuple[int, int], level: int) -> tuple[int, int]:
 
 
 def canvas_levels(levels: list[Tensor], canvas: tuple[int, int]) -> list[Tensor]:
-    """P2..P6 of a part of the canvas (:func:`eager_crop`), each zero outside the extents, -> the
-    same maps zero-padded to the canvas's: [B, C, ceil(H / s), ceil(W / s)] at strides s = 4..64."""
+    """Per-level maps of a crop of the canvas (:func:`eager_crop`), in P2..P6 order (the FPN's
+    levels, or the RPN head's outputs on them) -> the same zero-padded to the canvas's level sizes:
+    [B, C, ceil(H / s), ceil(W / s)] at strides s = 4..64."""
     out = []
     for i, f in enumerate(levels):
         h, w = canvas_level_size(canvas, i)
