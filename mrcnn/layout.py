@@ -41,8 +41,7 @@ def place_conv_weights(model: nn.Module, cfg: Config) -> None:
     first = next(model.parameters(), None)
     if first is None or cfg.channels_last is False or first.device.type not in ("cpu", "cuda"):
         return
-    nhwc = cfg.channels_last is True or first.device.type in AUTO_CHANNELS_LAST
-    layout = torch.channels_last if nhwc else torch.contiguous_format
+    layout = torch.channels_last if channels_last_on(cfg, first.device) else torch.contiguous_format
     for p in model.parameters():
         if p.dim() == 4 and not p.is_contiguous(memory_format=layout):
             p.data = p.data.contiguous(memory_format=layout)
