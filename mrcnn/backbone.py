@@ -74,8 +74,8 @@ def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int
     Graphs (compiled, exported, XLA, CUDA): the whole canvas, masked, so one graph serves every size
     and no call waits on the device. Eager on the CPU, where the sizes are on the host already: the
     batch's largest extent, masked only where the extents differ. For one image that is
-    torchvision's own work, its padded size, with no masks; what reads the maps on the canvas then
-    pads them (:func:`canvas_levels`, :func:`edge_padded`).
+    torchvision's own work, its padded size, with no masks; the RPN head pads its outputs to the
+    canvas (:func:`canvas_levels`), RoIAlign reads the crop's maps as they are.
     """
     if torch.compiler.is_compiling() or extents.device.type != "cpu":
         return canvas, extents
@@ -98,20 +98,6 @@ def canvas_levels(levels: list[Tensor], canvas: tuple[int, int]) -> list[Tensor]
     for i, f in enumerate(levels):
         h, w = canvas_level_size(canvas, i)
         out.append(f if f.shape[-2:] == (h, w) else F.pad(f, (0, w - f.shape[-1], 0, h - f.shape[-2])))
-    return out
-
-
-def edge_padded(feature: Tensor, size: tuple[int, int]) -> Tensor:
-    """[B, C, h, w] computed on every image's extent -> [B, C, *size]: zero-padded, with row h and
-    column w copied from h - 1 and w - 1 where they fit: :func:`edge_extended` of the zero-padded
-    map, in one pass instead of three over the canvas."""
-    h, w = feature.shape[-2:]
-    out = F.pad(feature, (0, size[1] - w, 0, size[0] - h))
-    if h < size[0]:
-        out[..., h, :w] = feature[..., h - 1, :]
-    if w < size[1]:
-        rows = min(h + 1, size[0])
-        out[..., :rows, w] = out[..., :rows, w - 1]
     return out
 
 

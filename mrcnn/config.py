@@ -133,9 +133,10 @@ class Config:
     # image's valid detections in the batch (:class:`mrcnn.staged.StagedDetector`; one graph per
     # (canvas, n) when the stages are compiled). Outputs equal the single graph's. Empty: the mask
     # branch runs on all K slots, one graph per canvas (what XLA/TPU should use: the host read splits
-    # each call in two). "auto" (the default) resolves by device (mrcnn.staged.stages_masks): the
-    # buckets of :data:`AUTO_MASK_BUCKETS` in eager on the CPU, where the staged path was measured
-    # faster; the single graph elsewhere, under torch.compile and for an in-place compiled model.
+    # each call in two). "auto" (the default) resolves by device (mrcnn.staged.stages_masks): staged
+    # in eager on the CPU, where that was measured faster, on exactly the slots the detections fill
+    # (eager builds no graphs; :data:`AUTO_MASK_BUCKETS` for compiled stages); the single graph
+    # elsewhere, under torch.compile and for an in-place compiled model.
     # ``forward`` itself ignores this field. Measured: docs/model.md.
     mask_detection_buckets: tuple[int, ...] | str = "auto"
 

@@ -24,15 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import (
-    build_backbone,
-    canvas_level_size,
-    canvas_levels,
-    eager_crop,
-    edge_extended,
-    edge_padded,
-    padded_extents,
-)
+from mrcnn.backbone import build_backbone, eager_crop, edge_extended, padded_extents
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped
@@ -133,15 +125,15 @@ class MaskRCNN(nn.Module):
         return self.roi_heads.mask_branch_loss(pooled, targets, rois, canvas, images)
 
     def features(self, batch: ImageBatch) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
-        """-> (P2..P6 for the RPN, P2..P5 for RoIAlign on the canvas, extents [B, 2] or None).
+        """-> (P2..P6 for the RPN, P2..P5 for RoIAlign, extents [B, 2] or None).
 
         With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
         (the image's size rounded up to ``size_divisible``; in training, the batch's largest):
         features are zeroed outside that extent before each kernel wider than 1, and RoIAlign reads
-        the edge as torchvision's clamps it. Eager on the CPU runs the backbone on the batch's largest
-        extent instead (:func:`mrcnn.backbone.eager_crop`), masked only where the extents differ; P2..P6
-        are then that crop's, and the RoIAlign levels are padded back to the canvas. Graphs keep
-        the whole canvas, masked.
+        the edge as torchvision's clamps it. Graphs run on the whole canvas, masked. Eager on the
+        CPU runs the backbone on the batch's largest extent instead
+        (:func:`mrcnn.backbone.eager_crop`), masked only where the extents differ; every level is
+        then that crop's (the RPN head pads its outputs to the canvas, RoIAlign needs no canvas).
         """
         canvas = canvas_of(batch)
         extents = masked = None
@@ -156,19 +148,11 @@ class MaskRCNN(nn.Module):
             # Eager on the CPU runs the backbone on the batch's largest extent only, without masks
             # where that is every image's: torchvision's work, not the canvas's.
             crop, masked = eager_crop(extents, canvas)
-        if crop == canvas:
-            features = list(self.backbone(conv_layout(batch.tensors, self.cfg), masked).values())  # P2..P6
-            pooled = features[:4] if masked is None else [edge_extended(f, extents, canvas) for f in features[:4]]
-            return features, self._pooling_layout(pooled), extents
-        # The RPN takes the crop's levels as they are (its head pads its outputs to the canvas).
-        images = conv_layout(batch.tensors[..., : crop[0], : crop[1]], self.cfg)
-        features = list(self.backbone(images, masked).values())
-        if masked is None:
-            # Every image's extent is the crop: lay out and edge-pad the crop's maps, not the canvas's.
-            sizes = [canvas_level_size(canvas, i) for i in range(4)]
-            pooled = [edge_padded(f, size) for f, size in zip(self._pooling_layout(features[:4]), sizes, strict=True)]
-            return features, pooled, extents
-        pooled = [edge_extended(f, extents, canvas) for f in canvas_levels(features[:4], canvas)]
+        images = batch.tensors if crop == canvas else batch.tensors[..., : crop[0], : crop[1]]
+        features = list(self.backbone(conv_layout(images, self.cfg), masked).values())  # P2..P6
+        # RoIAlign clamps its samples at the map's last row and column: at the crop's edge that is
+        # torchvision's clamp for the largest extent; smaller extents get their edge copied past them.
+        pooled = features[:4] if masked is None else [edge_extended(f, masked, crop) for f in features[:4]]
         return features, self._pooling_layout(pooled), extents
 
     def _pooling_layout(self, levels: list[Tensor]) -> list[Tensor]:

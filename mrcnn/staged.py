@@ -180,7 +180,8 @@ class StagedDetector(_Staged):
 
     Runs ``model.box_stage``, reads the batch's number of valid detections on the host (the one
     sync), and runs ``model.mask_stage`` on n slots (:meth:`bucket`): for one image its first n,
-    n the smallest of ``cfg.mask_buckets`` that holds its count; for a batch of B, its valid
+    n the smallest of ``cfg.mask_buckets`` that holds its count (in eager with "auto" buckets, every
+    size from 1 to K is a bucket: n is the count); for a batch of B, its valid
     detections packed into one row of n = B * s, s the smallest bucket that holds them shared
     evenly over the B images. The masks are put back in their K slots, zeros elsewhere, so the
     result has ``forward``'s shapes and equals it on every image of the batch that is not padding
@@ -196,6 +197,13 @@ class StagedDetector(_Staged):
 
     stages = ("box_stage", "mask_stage")
     buckets_field = "mask_buckets"
+
+    def __init__(self, model: nn.Module, wrap: Wrap | None = None, warm_ahead: bool = False):
+        super().__init__(model, wrap, warm_ahead)
+        if wrap is None and model.cfg.mask_detection_buckets == "auto":
+            # Eager builds no graph per bucket, so "auto" gives it every size: the mask branch runs
+            # on the slots the detections fill (for one image, torchvision's work).
+            self.buckets = tuple(range(1, model.cfg.box_detections_per_img + 1))
 
     def __call__(self, batch: ImageBatch) -> Detections:
         det, pooled = self.first_stage(batch)

@@ -16,7 +16,7 @@ from torch._dynamo.utils import counters
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedDetector, mask_bucket, stages_masks
-from mrcnn.structures import Detections, ImageBatch
+from mrcnn.structures import Detections, ImageBatch, canvas_of
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
 
@@ -231,6 +231,24 @@ def test_warmup_builds_every_bucket_ahead(tiny_cfg, tiny_weights):
         for img in (FEW, MORE):
             detector(to_image_batch([img], model.cfg))
     assert counters["stats"]["unique_graphs"] == built  # nothing compiled after the warm-up
+
+
+def test_auto_in_eager_runs_the_mask_branch_on_the_detections_slots(tiny_cfg, tiny_weights):
+    """Eager builds no graph per bucket: with "auto" every count is a bucket, so one image's mask
+    branch runs on its detections' slots (FEW: 5) and a batch's on B x its count shared evenly
+    (5 + 17 over 2 images: 2 x 11), with the single graph's outputs; compiled, "auto" keeps the
+    powers of two."""
+    model = _model(tiny_cfg, tiny_weights, thresh=RAISED_THRESH)
+    auto = load_torchvision_weights(MaskRCNN(model.cfg.replace(mask_detection_buckets="auto")).eval(), tiny_weights)
+    detector = StagedDetector(auto)
+    assert detector.buckets == tuple(range(1, 101))
+    with torch.no_grad():
+        for images, n in (([FEW], 5), ([FEW, MORE], 22)):
+            batch = to_image_batch(images, auto.cfg)
+            got = detector(batch)
+            _assert_equal(got, model(batch))
+            assert detector.used.pop((canvas_of(batch), n)) == 1 and not detector.used
+    assert StagedDetector(auto, wrap=lambda fn: fn).buckets == auto.cfg.mask_buckets == (8, 16, 32, 64, 100)
 
 
 def test_blank_batch_takes_smallest_bucket(tiny_cfg, tiny_weights):
