@@ -23,17 +23,20 @@ _LAYERS = ["layer4", "layer3", "layer2", "layer1", "conv1"]
 
 
 class MaskedBackboneWithFPN(BackboneWithFPN):
-    """torchvision's ``BackboneWithFPN`` (same modules and state_dict names) that can mask its padding.
+    """torchvision's ``BackboneWithFPN`` (same modules and state_dict names) that can mask its padding
+    and fold its frozen batch norms.
 
-    ``forward(images)`` is torchvision's; ``forward(images, extents)`` is :func:`masked_features`.
-    Either way the model calls this module, so forward hooks on it see every image batch.
+    ``forward(images)`` is torchvision's; with ``extents`` or ``fold_norms`` it is
+    :func:`masked_features`. Either way the model calls this module, so forward hooks on it see
+    every image batch.
     """
 
-    def forward(self, x: Tensor, extents: Tensor | None = None) -> dict[str, Tensor]:
+    def forward(self, x: Tensor, extents: Tensor | None = None, fold_norms: bool = False) -> dict[str, Tensor]:
         """images [B, 3, H, W] (extents [B, 2] or None) -> {"0".."3", "pool": [B, C, H_l, W_l]}."""
-        if extents is None:
+        if extents is None and not fold_norms:
             return super().forward(x)
-        return dict(zip(("0", "1", "2", "3", "pool"), masked_features(self, x, extents), strict=True))
+        levels = masked_features(self, x, extents, fold_norms)
+        return dict(zip(("0", "1", "2", "3", "pool"), levels, strict=True))
 
 
 def build_backbone(cfg: Config) -> MaskedBackboneWithFPN:
@@ -120,41 +123,80 @@ def extent_mask(x: Tensor, extents: Tensor, canvas: tuple[int, int]) -> Tensor:
     return (rows[:, None, :, None] & cols[:, None, None, :]).to(x.dtype)
 
 
-def _block(block: nn.Module, x: Tensor, zero: Callable[[Tensor], Tensor]) -> Tensor:
+# The device types where ``fold_batch_norm="auto"`` folds in eager: where it was measured to cut
+# latency (the CPU: docs/model.md). CUDA is left unfolded until measured there.
+AUTO_FOLD = frozenset({"cpu"})
+
+
+def fold_norms_on(cfg: Config, device: torch.device) -> bool:
+    """Whether the backbone folds its frozen batch norms into its convolutions (:func:`conv_norm`):
+    ``cfg.fold_batch_norm`` True everywhere, graphs included; "auto" in eager on :data:`AUTO_FOLD`
+    only (a compiler fuses the norm into its own kernels: inductor, XLA)."""
+    if cfg.fold_batch_norm == "auto":
+        return device.type in AUTO_FOLD and not torch.compiler.is_compiling()
+    return bool(cfg.fold_batch_norm)
+
+
+def conv_norm(conv: nn.Conv2d, norm: FrozenBatchNorm2d, x: Tensor, fold: bool = False) -> Tensor:
+    """``norm(conv(x))``: x [B, C_in, H, W] -> [B, C_out, H', W'].
+
+    A frozen batch norm is x * scale + shift per channel, two passes of their own over the map in
+    eager. With ``fold`` it goes into the convolution instead: weight * scale and a bias of shift,
+    one convolution, the same function up to float rounding. The folded weight is made at every
+    call (a pass over the weights, far smaller than the maps), so nothing is baked in: a later
+    ``load_state_dict`` or optimiser step counts, and gradients reach the weight through the fold.
+    """
+    if not fold:
+        return norm(conv(x))
+    scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+    shift = norm.bias - norm.running_mean * scale
+    if conv.bias is not None:
+        shift = shift + conv.bias * scale
+    weight = conv.weight * scale.reshape(-1, 1, 1, 1)  # keeps the weight's memory layout
+    return F.conv2d(x, weight, shift, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def _block(block: nn.Module, x: Tensor, zero: Callable[[Tensor], Tensor], fold: bool) -> Tensor:
     """torchvision's BasicBlock / Bottleneck forward with the inputs of its 3x3 conv zeroed outside."""
-    identity = x if block.downsample is None else block.downsample(x)  # 1x1: reads no neighbours
+    downsample = block.downsample  # 1x1 conv + norm: reads no neighbours
+    identity = x if downsample is None else conv_norm(downsample[0], downsample[1], x, fold)
     if isinstance(block, resnet.Bottleneck):
-        out = block.relu(block.bn1(block.conv1(x)))
-        out = block.relu(block.bn2(block.conv2(zero(out))))
-        out = block.bn3(block.conv3(out))
+        out = block.relu(conv_norm(block.conv1, block.bn1, x, fold))
+        out = block.relu(conv_norm(block.conv2, block.bn2, zero(out), fold))
+        out = conv_norm(block.conv3, block.bn3, out, fold)
     else:
-        out = block.relu(block.bn1(block.conv1(zero(x))))
-        out = block.bn2(block.conv2(zero(out)))
+        out = block.relu(conv_norm(block.conv1, block.bn1, zero(x), fold))
+        out = conv_norm(block.conv2, block.bn2, zero(out), fold)
     return block.relu(out + identity)
 
 
-def masked_features(backbone: BackboneWithFPN, images: Tensor, extents: Tensor) -> list[Tensor]:
+def masked_features(
+    backbone: BackboneWithFPN, images: Tensor, extents: Tensor | None, fold: bool = False
+) -> list[Tensor]:
     """images [B, 3, H, W], extents [B, 2] -> P2..P6 [B, C, H_l, W_l], each zero outside the extent.
 
     Same modules and weights as ``backbone(images)``; inside each image's extent every level equals
-    torchvision's on that image padded only to its extent.
+    torchvision's on that image padded only to its extent. ``extents`` None masks nothing (the
+    image is its extent); ``fold`` folds the frozen norms into the convolutions (:func:`conv_norm`).
     """
     canvas = (images.shape[-2], images.shape[-1])
     masks: dict[tuple[int, torch.dtype], Tensor] = {}  # one per stride: every 3x3 of a stage shares it
 
     def zero(x: Tensor) -> Tensor:
+        if extents is None:
+            return x
         key = (level_stride(canvas[0], x.shape[-2]), x.dtype)
         if key not in masks:
             masks[key] = extent_mask(x, extents, canvas)
         return x * masks[key]
 
     body = backbone.body
-    x = body.relu(body.bn1(body.conv1(zero(images))))
+    x = body.relu(conv_norm(body.conv1, body.bn1, zero(images), fold))
     x = body.maxpool(zero(x))  # after ReLU x >= 0, so zeros pool like torchvision's -inf padding
     stages = []
     for name in ("layer1", "layer2", "layer3", "layer4"):
         for block in getattr(body, name):
-            x = _block(block, x, zero)
+            x = _block(block, x, zero, fold)
         stages.append(x)
 
     fpn = backbone.fpn

@@ -156,6 +156,13 @@ class Config:
     # layout itself. Same outputs up to float rounding either way. XLA has no strides and ignores
     # it. Measured: docs/model.md.
     channels_last: bool | str = "auto"
+    # The ResNet's frozen batch norms folded into the convolutions before them (weight x scale, a
+    # bias of the shift; made again at every call, so loading weights still counts): True
+    # everywhere, graphs included; "auto" (the default) in eager on the CPU, where each norm is
+    # otherwise two passes over its map (mrcnn.backbone.fold_norms_on), not under torch.compile or
+    # on XLA, whose compilers fuse the norm themselves. Same outputs up to float rounding.
+    # Measured: docs/model.md.
+    fold_batch_norm: bool | str = "auto"
 
     @property
     def mask_size(self) -> int:
@@ -208,6 +215,8 @@ class Config:
             problems.append(f"ops_impl must be 'auto', 'torchvision' or 'tensor', got {self.ops_impl!r}")
         if not (isinstance(self.channels_last, bool) or self.channels_last == "auto"):
             problems.append(f"channels_last must be True, False or 'auto', got {self.channels_last!r}")
+        if not (isinstance(self.fold_batch_norm, bool) or self.fold_batch_norm == "auto"):
+            problems.append(f"fold_batch_norm must be True, False or 'auto', got {self.fold_batch_norm!r}")
         if not self.canvases:
             problems.append("canvases must name at least one (height, width) bucket")
         for canvas in self.canvases:

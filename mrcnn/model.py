@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, eager_crop, edge_extended, padded_extents
+from mrcnn.backbone import build_backbone, eager_crop, edge_extended, fold_norms_on, padded_extents
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped
@@ -149,7 +149,8 @@ class MaskRCNN(nn.Module):
             # where that is every image's: torchvision's work, not the canvas's.
             crop, masked = eager_crop(extents, canvas)
         images = batch.tensors if crop == canvas else batch.tensors[..., : crop[0], : crop[1]]
-        features = list(self.backbone(conv_layout(images, self.cfg), masked).values())  # P2..P6
+        fold = fold_norms_on(self.cfg, images.device)
+        features = list(self.backbone(conv_layout(images, self.cfg), masked, fold).values())  # P2..P6
         # RoIAlign clamps its samples at the map's last row and column: at the crop's edge that is
         # torchvision's clamp for the largest extent; smaller extents get their edge copied past them.
         pooled = features[:4] if masked is None else [edge_extended(f, masked, crop) for f in features[:4]]

@@ -29,8 +29,9 @@ RAISED_THRESH = 0.9
 
 
 def _model(tiny_cfg, weights, impl: str = "torchvision", thresh: float | None = None) -> MaskRCNN:
-    # NCHW in eager too: compiled stages keep NCHW under "auto", and outputs are compared exactly.
-    cfg = tiny_cfg.replace(ops_impl=impl, mask_detection_buckets=BUCKETS, channels_last=False)
+    # NCHW and unfolded norms in eager too, as compiled stages keep them under "auto": outputs are
+    # compared exactly.
+    cfg = tiny_cfg.replace(ops_impl=impl, mask_detection_buckets=BUCKETS, channels_last=False, fold_batch_norm=False)
     if thresh is not None:
         cfg = cfg.replace(box_score_thresh=thresh)
     return load_torchvision_weights(MaskRCNN(cfg).eval(), weights)

@@ -15,6 +15,7 @@ from mrcnn.backbone import (
     canvas_level_size,
     eager_crop,
     edge_extended,
+    fold_norms_on,
     masked_features,
     padded_extents,
 )
@@ -107,10 +108,12 @@ def test_features_match_torchvision_inside_extent(tiny_cfg, tiny_weights, size):
 
 
 def _masked_on_canvas(model, batch, extents):
-    """The graphs' path: the whole canvas, masked -> (P2..P6, pooled P2..P5 before the layout)."""
+    """The graphs' path: the whole canvas, masked -> (P2..P6, pooled P2..P5 before the layout),
+    with the norms folded as eager folds them on the CPU."""
     canvas = tuple(batch.tensors.shape[-2:])
+    fold = fold_norms_on(model.cfg, batch.tensors.device)
     with torch.no_grad():
-        levels = masked_features(model.backbone, conv_layout(batch.tensors, model.cfg), extents)
+        levels = masked_features(model.backbone, conv_layout(batch.tensors, model.cfg), extents, fold)
     return levels, [edge_extended(f, extents, canvas) for f in levels[:4]]
 
 
