@@ -19,6 +19,7 @@ from mrcnn.layout import channels_last_on
 from mrcnn.model import MaskRCNN, contiguous_nchw
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
+from tests.helpers.detections import assert_same_detections
 from tests.helpers.training import random_targets, small_cfg
 
 # Two sizes on the tiny preset's (320, 448) canvas, one of them off its extent (masked padding).
@@ -27,14 +28,6 @@ SIZES = ((240, 320), (230, 300))
 
 def _static(cfg, weights, **overrides):
     return load_torchvision_weights(MaskRCNN(cfg.replace(**overrides)).eval(), weights)
-
-
-def assert_same_detections(a, b):
-    """valid and labels equal; boxes to 1e-5 of their value (pixels), scores and masks to 1e-4."""
-    assert torch.equal(a.valid, b.valid) and torch.equal(a.labels, b.labels)
-    torch.testing.assert_close(a.boxes, b.boxes, rtol=1e-5, atol=1e-4)
-    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-4)
-    torch.testing.assert_close(a.masks, b.masks, rtol=0, atol=1e-4)
 
 
 def _layouts(model: nn.Module) -> list[str]:

@@ -17,8 +17,8 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
+from tests.helpers.detections import assert_same_detections
 from tests.helpers.training import random_targets, small_cfg
-from tests.mrcnn.test_channels_last import assert_same_detections
 
 SIZES = ((240, 320), (230, 300))  # one fills the tiny canvas's extent, one is masked
 
