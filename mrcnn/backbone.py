@@ -148,12 +148,19 @@ def conv_norm(conv: nn.Conv2d, norm: FrozenBatchNorm2d, x: Tensor, fold: bool = 
     """
     if not fold:
         return norm(conv(x))
+    weight, bias = folded_conv(conv, norm)
+    return F.conv2d(x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def folded_conv(conv: nn.Conv2d, norm: FrozenBatchNorm2d) -> tuple[Tensor, Tensor]:
+    """The weight [C_out, C_in, k, k] (in the conv weight's memory layout) and bias [C_out] of the
+    one convolution that computes ``norm(conv(x))``: weight x scale, and the norm's shift (plus
+    the conv's own bias x scale)."""
     scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
     shift = norm.bias - norm.running_mean * scale
     if conv.bias is not None:
         shift = shift + conv.bias * scale
-    weight = conv.weight * scale.reshape(-1, 1, 1, 1)  # keeps the weight's memory layout
-    return F.conv2d(x, weight, shift, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return conv.weight * scale.reshape(-1, 1, 1, 1), shift
 
 
 def _block(block: nn.Module, x: Tensor, zero: Callable[[Tensor], Tensor], fold: bool) -> Tensor:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
+from mrcnn.backbone import folded_conv
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
@@ -58,11 +59,10 @@ def fold_norms_in_place(body: nn.Module) -> int:
         if isinstance(module, nn.Conv2d):
             last_conv = module
         elif isinstance(module, FrozenBatchNorm2d) and last_conv is not None:
-            scale = module.weight * (module.running_var + module.eps).rsqrt()
-            layout = torch.channels_last if last_conv.weight.is_contiguous(memory_format=torch.channels_last) else None
-            weight = last_conv.weight.detach() * scale.reshape(-1, 1, 1, 1)
-            last_conv.weight.data = weight.contiguous(memory_format=layout or torch.contiguous_format)
-            last_conv.bias = nn.Parameter(module.bias - module.running_mean * scale)
+            with torch.no_grad():
+                weight, bias = folded_conv(last_conv, module)  # the static model's fold, baked in
+            last_conv.weight.data = weight
+            last_conv.bias = nn.Parameter(bias)
             parent_name, _, child = name.rpartition(".")
             setattr(body.get_submodule(parent_name) if parent_name else body, child, nn.Identity())
             folded += 1
