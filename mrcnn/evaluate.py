@@ -18,19 +18,17 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pycocotools.mask as mask_utils
 import torch
-import torch.nn.functional as F
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import Tensor
-from torchvision.models.detection.roi_heads import expand_boxes, expand_masks
 
-from mrcnn.postprocess import per_image
+from mrcnn.postprocess import padded_masks, paste_window, per_image, resized_window, single_thread
 from mrcnn.structures import Detections, ImageBatch
 
 IOU_TYPES: tuple[str, ...] = ("bbox", "segm")
@@ -98,21 +96,6 @@ def _column_major_runs(patch: np.ndarray, x0: int, y0: int, height: int, width: 
     return runs
 
 
-@contextlib.contextmanager
-def _single_thread() -> Iterator[None]:
-    """Run tiny tensor ops on one intra-op thread.
-
-    Each per-mask op here touches a few thousand pixels. Handing that to a thread pool costs more
-    than the work, and far more on a busy machine.
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def paste_and_encode(
     masks: Tensor, boxes: Tensor, image_size: tuple[int, int], threshold: float = 0.5, padding: int = 1
 ) -> list[dict[str, Any]]:
@@ -134,9 +117,8 @@ def paste_and_encode(
     height, width = image_size
     if masks.shape[0] == 0:
         return []
-    with _single_thread():
-        padded, scale = expand_masks(masks[:, None].float(), padding=padding)
-        int_boxes = expand_boxes(boxes.float(), scale).to(torch.int64).tolist()
+    padded, int_boxes = padded_masks(masks, boxes, padding)
+    with single_thread():
         uncompressed = [_paste_one(mask, box, height, width, threshold) for mask, box in zip(padded, int_boxes)]
     rles = mask_utils.frPyObjects(uncompressed, height, width)
     for rle in rles:
@@ -146,16 +128,12 @@ def paste_and_encode(
 
 def _paste_one(mask: Tensor, box: list[int], height: int, width: int, threshold: float) -> dict[str, Any]:
     """Uncompressed RLE of one [1, m, m] padded mask pasted into integer ``box`` (torchvision's paste)."""
-    bx0, by0, bx1, by1 = box
-    # torchvision treats integer corners as inclusive: the box spans bx1 - bx0 + 1 pixels.
-    w, h = max(bx1 - bx0 + 1, 1), max(by1 - by0 + 1, 1)
-    x0, x1 = max(bx0, 0), min(bx1 + 1, width)
-    y0, y1 = max(by0, 0), min(by1 + 1, height)
-    if x1 <= x0 or y1 <= y0:
+    window = paste_window(box, height, width)
+    if window is None:
         return {"counts": [height * width], "size": [height, width]}
-    resized = F.interpolate(mask[None], size=(h, w), mode="bilinear", align_corners=False)[0, 0]
-    patch = (resized[y0 - by0 : y1 - by0, x0 - bx0 : x1 - bx0] > threshold).numpy()
-    return {"counts": _column_major_runs(patch, x0, y0, height, width), "size": [height, width]}
+    patch = (resized_window(mask, window) > threshold).numpy()
+    rows, columns = window.image
+    return {"counts": _column_major_runs(patch, columns.start, rows.start, height, width), "size": [height, width]}
 
 
 def detections_to_coco_results(
