@@ -161,9 +161,20 @@ class MaskRCNN(nn.Module):
         contiguous (NCHW) at every call, box and mask branch alike, and on the CPU that copy of a
         channels_last map is a slow strided one; so when the convolutions run in channels_last the
         levels are made NCHW once here, by :func:`contiguous_nchw`. The gather form (``tensor`` impl)
-        reads NHWC rows as they are."""
+        reads NHWC rows as they are.
+
+        Compiled for inference on the CPU, the compiler lays its convolutions' outputs out
+        channels_last whatever the input's layout, and hands the RoIAlign op the maps as it laid
+        them out, so the box and the mask branch each copied every level to NCHW again. A clone
+        to the contiguous format here has the compiler write each level NCHW once, for both."""
         device = levels[0].device
-        if not channels_last_on(self.cfg, device) or resolve_impl(self.cfg.ops_impl, device) != "torchvision":
+        if resolve_impl(self.cfg.ops_impl, device) != "torchvision":
+            return levels
+        if torch.compiler.is_compiling():
+            if self.training or device.type != "cpu":
+                return levels  # not measured there
+            return [f.clone(memory_format=torch.contiguous_format) for f in levels]
+        if not channels_last_on(self.cfg, device):
             return levels
         return [contiguous_nchw(f) for f in levels]
 

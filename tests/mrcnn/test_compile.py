@@ -37,3 +37,30 @@ def test_fullgraph_no_recompile(tiny_cfg, tiny_weights, impl, backend):
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert not counters["recompiles"], dict(counters["recompiles"])
+
+
+def test_roi_align_levels_made_nchw_once(tiny_cfg, tiny_weights):
+    """Compiled inference clones P2..P5 to the contiguous format once, and both RoIAligns (box and
+    mask branch) read those clones: the compiler writes each level NCHW once instead of each
+    torchvision kernel copying its channels_last maps again."""
+    model = load_torchvision_weights(MaskRCNN(tiny_cfg.replace(ops_impl="torchvision")).eval(), tiny_weights)
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, fullgraph=True, backend=capture)(to_image_batch(textured_images(SIZES[:1]), tiny_cfg))
+    (gm,) = graphs
+    clones = [
+        n for n in gm.graph.nodes
+        if n.target == "clone" and n.kwargs.get("memory_format") == torch.contiguous_format
+    ]  # fmt: skip
+    op = torch.ops.mrcnn.multilevel_roi_align_tv
+    align_calls = [n for n in gm.graph.nodes if n.target in (op, op.default)]
+    assert len(align_calls) == 2
+    assert len(clones) == 4
+    for call in align_calls:
+        assert list(call.args[0]) == clones
