@@ -109,7 +109,7 @@ def paste_masks(masks: Tensor, boxes: Tensor, image_size: tuple[int, int], paddi
     The values of torchvision's ``paste_masks_in_image`` to the bit (the same padding, box
     expansion, integer corners and bilinear resize), written straight into one zeroed output:
     torchvision builds N full-size images and stacks them, which reads and writes every pixel
-    twice more, and indexes its boxes tensor element by element.
+    once more, and indexes its boxes tensor element by element.
 
     Args:
         masks: [N, M, M] float probabilities.
