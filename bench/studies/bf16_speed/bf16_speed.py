@@ -40,6 +40,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
 from mrcnn_bench import store, timing
+from mrcnn_bench.cli_args import parse_size
 from mrcnn_bench.journal import read_lines
 from mrcnn_bench.onoff import paired, run_rounds
 from mrcnn_bench.probes import measure_peaks
@@ -78,17 +79,9 @@ def profiled_parts(call: Callable[[], Any], calls: int) -> dict[str, float]:
     return parts
 
 
-def _size(text: str) -> tuple[int, int]:
-    height, _, width = text.partition("x")
-    try:
-        return int(height), int(width)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected HxW, e.g. 480x640, got {text!r}") from None
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", type=_size, default=(480, 640), help="HxW of the textured image")
+    parser.add_argument("--size", type=parse_size, default=(480, 640), help="HxW of the textured image")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--profile-calls", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
