@@ -15,7 +15,7 @@ from typing import Any
 
 from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
 from mrcnn_bench.records import Record, as_number
-from mrcnn_bench.row_stats import interval_text, median, paired_ratio, parity_ok
+from mrcnn_bench.row_stats import interval_text, median, paired_ratio, parity_ok, useful_fraction
 
 
 @dataclass(frozen=True)
@@ -122,9 +122,19 @@ def decision(ratio: float, goal: float, interval: tuple[float, float] | None) ->
     return "not decided (the 95% CI holds the goal)"
 
 
-def goal_verdict(rec: Record, goal: Goal, base: Record | None) -> str:
+def ceiling_needed(rec: Record, goal: Goal, base: Record | None, ref: Record | None) -> float:
+    """The fraction of the machine's ceiling the row would run at, on the reference ``ref``'s FLOPs
+    (:func:`~mrcnn_bench.row_stats.useful_fraction`), if it took exactly the goal's time: ``factor``
+    times ``base``'s median. Above about 0.9 no schedule of those FLOPs reaches the goal on this
+    machine; NaN where the row has no ceiling fraction."""
+    goal_s = goal.factor * (median(base) if base is not None else math.nan)
+    return useful_fraction(rec, ref) * median(rec) / goal_s
+
+
+def goal_verdict(rec: Record, goal: Goal, base: Record | None, ref: Record | None = None) -> str:
     """One goal of the row and whether the run met it: on the per-round ratio to ``base`` with its
-    95% interval when the two rows were timed in the same rounds, else on the ratio of the medians.
+    95% interval when the two rows were timed in the same rounds, else on the ratio of the medians,
+    with the fraction of the ceiling the goal needs (:func:`ceiling_needed`, on ``ref``'s FLOPs).
     A goal set against a torchvision row also needs parity with torchvision's detections."""
     paired = paired_ratio(rec, base)
     interval = paired[1:] if paired else None
@@ -134,11 +144,13 @@ def goal_verdict(rec: Record, goal: Goal, base: Record | None) -> str:
     if math.isnan(ratio):
         return f"{label}: not measured"
     text_ci = interval_text(interval)
+    needed = ceiling_needed(rec, goal, base, ref)
+    needs = "" if math.isnan(needed) else f", needs {needed:.2f} of the ceiling"
     if training:
         step = f", step-time ratio 95% CI {text_ci}" if text_ci else ""
-        return f"{label}: {decision(ratio, goal.factor, interval)} ({1 / ratio:.3f}x{step})"
+        return f"{label}: {decision(ratio, goal.factor, interval)} ({1 / ratio:.3f}x{step}{needs})"
     ci = f", 95% CI {text_ci}" if text_ci else ""
-    text = f"{label}: {decision(ratio, goal.factor, interval)} ({ratio:.3f}x{ci})"
+    text = f"{label}: {decision(ratio, goal.factor, interval)} ({ratio:.3f}x{ci}{needs})"
     if goal.base.startswith("torchvision/") and not parity_ok(rec):
         text += ", parity FAILED" if not math.isnan(as_number(rec.parity_matched_ref)) else ", parity not checked"
     return text
@@ -147,4 +159,5 @@ def goal_verdict(rec: Record, goal: Goal, base: Record | None) -> str:
 def target_verdict(rec: Record, by_case: Mapping[str, Record], overrides: Mapping[str, Any] | None = None) -> str:
     """The row's goals (:func:`speed_goals`) with their verdicts, '; '-separated; '' without a goal."""
     goals = speed_goals(rec.case, rec.preset, rec.image_size, overrides)
-    return "; ".join(goal_verdict(rec, goal, by_case.get(goal.base)) for goal in goals)
+    ref = by_case.get(TRAIN_REFERENCE if rec.phase == "training" else REFERENCE)
+    return "; ".join(goal_verdict(rec, goal, by_case.get(goal.base), ref) for goal in goals)

@@ -26,7 +26,7 @@ from scipy.stats import gmean
 from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
 from mrcnn_bench.goals import target_verdict
 from mrcnn_bench.records import Record, RunDocument, as_number
-from mrcnn_bench.row_stats import interval_text, median, paired_ratio
+from mrcnn_bench.row_stats import interval_text, median, paired_ratio, useful_fraction
 from mrcnn_bench.run_notes import images_text, notes
 from mrcnn_bench.stats import MIN_SAMPLES
 from mrcnn_bench.store import write_atomic
@@ -55,6 +55,9 @@ COLUMNS: dict[str, tuple[str, str]] = {
                              "'+n in rounds': what compiled after the warm-up (0 for a static graph)"),
     "gflops_s": ("GFLOP/s", "FLOPs of one eager call over the median"),
     "frac_peak": ("of peak", "GFLOP/s as a fraction of the machine's ceiling (below)"),
+    "useful_peak": ("useful", "the same on useful work: torchvision eager's FLOPs for the same images (its "
+                              "training step's, for training rows) over this row's median, so that the static "
+                              "graph's padding and empty slots count as waste"),
     "peak_mem_gb": ("mem GB", "peak memory during the row's calls (CPU: resident set; CUDA: allocated)"),
     "box_ap": ("box AP", "COCO box AP with --eval (pycocotools)"),
     "mask_ap": ("mask AP", "COCO mask AP with --eval"),
@@ -138,6 +141,7 @@ def table_frame(records: list[Record], overrides: dict[str, Any] | None = None) 
             "compiles": compiles_text(r),
             "gflops_s": as_number(r.gflops_s) * measured,
             "frac_peak": as_number(r.frac_peak) * measured,
+            "useful_peak": useful_fraction(r, by_case.get(ref)),
             "peak_mem_gb": as_number(r.peak_mem_gb),
             "box_ap": as_number(r.box_ap),
             "mask_ap": as_number(r.mask_ap),
@@ -190,7 +194,7 @@ def shown_frame(doc: RunDocument) -> pd.DataFrame:
     """:func:`table_frame` formatted for people: "> limit s" for rows stopped at the time limit."""
     df = table_frame(doc.records, doc.run.overrides).astype(object)
     for col in ("median_s", "iqr_s", "p90_s", "p99_s", "ratio_vs_tv", "images_per_s", "first_result_s", "first_pass_s",
-                "compile_s", "gflops_s", "frac_peak", "peak_mem_gb", "box_ap", "mask_ap"):
+                "compile_s", "gflops_s", "frac_peak", "useful_peak", "peak_mem_gb", "box_ap", "mask_ap"):
         df[col] = [_fmt(v) for v in df[col]]
     limit = doc.run.limit_s
     for i, r in enumerate(doc.records):

@@ -1,4 +1,5 @@
-"""Statistics of one row of a run: its median, its per-round ratio to another row, its parity.
+"""Statistics of one row of a run: its median, its per-round ratio to another row, its parity, its
+speed on the reference's work as a fraction of the machine's ceiling.
 
 Shared by the table (:mod:`mrcnn_bench.report`) and the goals' verdicts (:mod:`mrcnn_bench.goals`).
 """
@@ -31,6 +32,19 @@ def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] 
     if ref is None or rec is ref or len(rec.times_s) < MIN_SAMPLES or len(rec.times_s) != len(ref.times_s):
         return None
     return paired_ratio_ci(ref.times_s, rec.times_s)
+
+
+def useful_fraction(rec: Record, ref: Record | None) -> float:
+    """The row's speed on useful work as a fraction of the machine's ceiling: the reference row's
+    FLOPs per call (torchvision's, for the same images) over this row's median, over the ceiling of
+    the row's precision. Unlike ``frac_peak``, which divides the row's own FLOPs, this counts the
+    static graph's padding and empty slots as waste. NaN without a median, FLOPs or ceiling."""
+    if ref is None or math.isnan(median(rec)):
+        return math.nan
+    own, useful = as_number(rec.flops), as_number(ref.flops)
+    if not own > 0 or not useful > 0:
+        return math.nan
+    return as_number(rec.frac_peak) * useful / own
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:

@@ -56,7 +56,10 @@ def notes(doc: RunDocument) -> list[str]:
                    "each a multiple of another row's median (`<= 0.7x tv`: at most 0.7 times torchvision eager's "
                    "latency per call; training: at least that many times torchvision's training throughput), "
                    "and whether this run met it, decided by the 95% interval of the per-round ratio to that row; "
-                   "a goal set against a torchvision row also needs parity with its detections to count as met.")
+                   "a goal set against a torchvision row also needs parity with its detections to count as met. "
+                   "'needs 0.9 of the ceiling': the fraction of the ceiling the row would run at, on torchvision's "
+                   "FLOPs (the useful column), if it took exactly the goal's time; near 1, no schedule of that "
+                   "work meets the goal on this machine.")
     evaluated = [r for r in doc.records if r.eval_images]
     if evaluated:
         out.append(f"box_ap, mask_ap: COCO AP (pycocotools) on {evaluated[0].eval_images} images of the "

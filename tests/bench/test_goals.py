@@ -4,9 +4,11 @@ to the row it is set against."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mrcnn_bench.goals import FEW_DETECTIONS_THRESH, speed_goals, target_verdict
 from mrcnn_bench.records import Record
+from mrcnn_bench.row_stats import useful_fraction
 
 STREAM = "stream 472x472,406x507"
 FEW = {"box_score_thresh": FEW_DETECTIONS_THRESH}
@@ -72,3 +74,30 @@ def test_training_goals_are_throughput():
                                 rec("static/inductor-train+buckets", [1.9] * 8, phase="training"))}
     text = target_verdict(rows["static/inductor-train+buckets"], rows)
     assert text == ">= 1.1x torchvision/train throughput: missed (1.053x, step-time ratio 95% CI [0.95, 0.95])"
+
+
+def test_a_goal_says_what_fraction_of_the_ceiling_it_needs_on_torchvisions_flops():
+    # A 400 GFLOP/s machine; torchvision does 100 GFLOP in 1 s, the static graph 130 GFLOP (padding,
+    # empty slots) in 0.75 s. Its own FLOPs run at 0.433 of the ceiling, torchvision's work at
+    # 100 / 0.75 / 400 = 0.333; the goal, 0.6 s, needs 100 / 0.6 / 400 = 0.417 of it.
+    rows = {r.case: r for r in (rec("torchvision/eager", [1.0] * 6, flops=100e9, frac_peak=100 / 400),
+                                rec("static/inductor", [0.75] * 6, flops=130e9, frac_peak=130 / 0.75 / 400))}
+    assert useful_fraction(rows["static/inductor"], rows["torchvision/eager"]) == pytest.approx(100 / 0.75 / 400)
+    assert useful_fraction(rows["torchvision/eager"], rows["torchvision/eager"]) == pytest.approx(0.25)
+    text = target_verdict(rows["static/inductor"], rows)
+    assert text.startswith("<= 0.6x tv: missed (0.750x, 95% CI [0.75, 0.75], needs 0.42 of the ceiling)")
+    # Set against another row, the goal's time is that row's: 1.05 x 0.75 s for AOTInductor.
+    rows["static/aoti"] = rec("static/aoti", [0.9] * 6, flops=130e9, frac_peak=130 / 0.9 / 400)
+    assert "needs 0.32 of the ceiling" in target_verdict(rows["static/aoti"], rows)  # 100 / 0.7875 / 400
+    # Without FLOPs or a ceiling (CUDA rows, old run files) the verdict says nothing of it.
+    rows["static/inductor"].frac_peak = float("nan")
+    assert "ceiling" not in target_verdict(rows["static/inductor"], rows)
+
+
+def test_a_training_goal_needs_the_ceiling_of_its_step_time():
+    rows = {r.case: r for r in (rec("torchvision/train", [2.0] * 8, phase="training", flops=400e9, frac_peak=0.5),
+                                rec("static/inductor-train+buckets", [1.9] * 8, phase="training", flops=440e9,
+                                    frac_peak=440 / 1.9 / 400))}
+    text = target_verdict(rows["static/inductor-train+buckets"], rows)
+    # 1.1x torchvision's throughput: a step of 2.0 / 1.1 s on torchvision's 400 GFLOP.
+    assert text.endswith(f"needs {400 / (2.0 / 1.1) / 400:.2f} of the ceiling)")

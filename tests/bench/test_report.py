@@ -189,3 +189,15 @@ def test_the_html_table_uses_short_headers_that_wrap():
     page = report.html_page(doc)
     assert "<th" in page and "cold pass s" in page and "first_pass_s</code> in the CSV" in page
     assert "white-space:normal" in page and "min-width" in page
+
+
+def test_the_useful_column_divides_torchvisions_flops_not_the_rows_own():
+    records = [rec("torchvision/eager", [1.0] * 6, flops=100e9, frac_peak=0.25),
+               rec("static/inductor", [0.5] * 6, flops=150e9, frac_peak=150 / 0.5 / 400),
+               rec("static/eager", [0.8] * 6)]  # no FLOPs counted: nothing to show
+    table = report.table_frame(records).set_index("row")
+    assert table.loc["static/inductor", "frac_peak"] == pytest.approx(0.75)
+    assert table.loc["static/inductor", "useful_peak"] == pytest.approx(0.5)  # 100 GFLOP in 0.5 s of 400
+    assert table.loc["torchvision/eager", "useful_peak"] == pytest.approx(0.25)
+    assert math.isnan(table.loc["static/eager", "useful_peak"])
+    assert math.isnan(report.table_frame(records[1:]).set_index("row").loc["static/inductor", "useful_peak"])
