@@ -19,9 +19,9 @@ BOX_ROI_SIZE = 7
 
 Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples of size_divisible
 
-# The mask branch's detection-count buckets of ``mask_detection_buckets="auto"`` (those below K,
-# then K): powers of two, so that a batch's mask branch runs on at most twice the slots it fills
-# and a compiled staged detector builds few graphs.
+# The mask branch's buckets of ``mask_detection_buckets="auto"`` (those below K, then K) and of
+# ``mask_train_buckets="auto"`` (those below Q, then Q): powers of two, so that a batch's mask
+# branch runs on at most twice the slots it fills and compiled stages build few graphs.
 AUTO_MASK_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
 
 
@@ -112,15 +112,18 @@ class Config:
     # it runs on every slot, filled or not. The measured speed and accuracy trade-off is in the
     # training results.
     mask_rois_per_image: int = 0
-    # Mask-RoI buckets for training, opt-in; torchvision's loss either way. Empty (the default):
-    # the mask branch trains on all Q slots of the positive quota, filled or not, in the one
-    # training graph. Sizes n, positive, strictly increasing, at most Q (Q is appended when the
-    # last is smaller): the eager training forward and :class:`mrcnn.staged.StagedTrainer` then
-    # read the batch's largest sampled-positive count on the host and train the mask branch on the
-    # smallest n slots that hold every positive (one graph per (canvas, n) when the stages are
-    # compiled). Positives fill the first slots, so the loss is the same as on all Q; a compiled
-    # ``forward`` (no host read inside a graph) keeps all Q. Not with ``mask_rois_per_image``.
-    mask_train_buckets: tuple[int, ...] = ()
+    # Mask-RoI buckets for training; torchvision's loss either way. Empty: the mask branch trains
+    # on all Q slots of the positive quota, filled or not, in the one training graph. Sizes n,
+    # positive, strictly increasing, at most Q (Q is appended when the last is smaller): the eager
+    # training forward and :class:`mrcnn.staged.StagedTrainer` then read the batch's largest
+    # sampled-positive count on the host and train the mask branch on the smallest n slots that
+    # hold every positive (one graph per (canvas, n) when the stages are compiled). Positives fill
+    # the first slots, so the loss is the same as on all Q; a compiled ``forward`` (no host read
+    # inside a graph) keeps all Q. "auto" (the default) resolves by device
+    # (mrcnn.staged.packs_mask_training): :data:`AUTO_MASK_BUCKETS` below Q in the eager forward on
+    # the CPU, where that was measured faster; all Q elsewhere, under torch.compile, and with
+    # ``mask_rois_per_image``. Measured: docs/training.md.
+    mask_train_buckets: tuple[int, ...] | str = "auto"
 
     # Mask branch.
     mask_layers: tuple[int, ...] = (256, 256, 256, 256)
@@ -189,10 +192,14 @@ class Config:
 
     @property
     def mask_train_slots(self) -> tuple[int, ...]:
-        """The mask branch's training-slot buckets in use: ``mask_train_buckets`` ending with Q
-        (:attr:`mask_positive_quota`), or (Q,) alone when none are set."""
+        """The mask branch's training-slot buckets when packed: ``mask_train_buckets`` (those of
+        :data:`AUTO_MASK_BUCKETS` below Q for "auto") ending with Q (:attr:`mask_positive_quota`),
+        or (Q,) alone when none are set."""
         q = self.mask_positive_quota
-        buckets = tuple(self.mask_train_buckets)
+        if self.mask_train_buckets == "auto":
+            buckets = tuple(n for n in AUTO_MASK_BUCKETS if n < q)
+        else:
+            buckets = tuple(self.mask_train_buckets)
         return buckets if buckets and buckets[-1] == q else (*buckets, q)
 
     @property
@@ -238,7 +245,7 @@ class Config:
         k = self.box_detections_per_img
         problems = self._buckets_problems("mask_detection_buckets", k, "box_detections_per_img")
         problems += self._buckets_problems("mask_train_buckets", self.mask_positive_quota, "the positive quota")
-        if self.mask_train_buckets and self.mask_rois_per_image:
+        if self.mask_train_buckets and self.mask_train_buckets != "auto" and self.mask_rois_per_image:
             problems.append(
                 "mask_train_buckets keeps torchvision's mask loss and mask_rois_per_image subsamples it: set one"
             )
@@ -246,14 +253,13 @@ class Config:
 
     def _buckets_problems(self, name: str, largest: int, largest_name: str) -> list[str]:
         buckets = getattr(self, name)
-        if name == "mask_detection_buckets" and buckets == "auto":
+        if buckets == "auto":
             return []
         if isinstance(buckets, list):  # e.g. from ``--set mask_detection_buckets=[8,32]``
             object.__setattr__(self, name, buckets := tuple(buckets))
         what = f"{name} {buckets!r}"
         if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
-            auto = " or 'auto'" if name == "mask_detection_buckets" else ""
-            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64){auto}"]
+            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64), or 'auto'"]
         problems = []
         if any(n <= 0 for n in buckets):
             problems.append(f"{what} must be positive")

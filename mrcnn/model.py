@@ -32,7 +32,7 @@ from mrcnn.ops import resolve_impl
 from mrcnn.postprocess import postprocess
 from mrcnn.roi_heads import RoIHeads
 from mrcnn.rpn import RegionProposalNetwork
-from mrcnn.staged import StagedDetector, packed_mask_rois, stages_masks
+from mrcnn.staged import StagedDetector, packed_mask_rois, packs_mask_training, stages_masks
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 from mrcnn.transform import group_by_canvas, to_image_batch
 
@@ -61,9 +61,10 @@ class MaskRCNN(nn.Module):
         Training mode needs ``targets`` (padded, canvas coordinates; see
         :class:`~mrcnn.structures.Targets`) and returns torchvision's losses as scalars:
         ``loss_objectness``, ``loss_rpn_box_reg``, ``loss_classifier``, ``loss_box_reg``,
-        ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does. With
-        ``cfg.mask_train_buckets`` an eager call trains the mask branch on the batch's sampled
-        positives packed into the smallest bucket that holds them (same losses; one host read).
+        ``loss_mask``. Evaluation mode ignores ``targets``, as torchvision does. Where
+        ``cfg.mask_train_buckets`` says so (by default: eager on the CPU), a call trains the mask
+        branch on the batch's sampled positives packed into the smallest bucket that holds them
+        (same losses; one host read).
 
         Targets on the CPU are validated here (:func:`mrcnn.losses.check_targets`) unless the call
         is being compiled; validate on the host before moving a batch to an accelerator.
@@ -71,7 +72,7 @@ class MaskRCNN(nn.Module):
         if self.training:
             losses, pooled, rois, targets = self.box_training_stage(batch, targets)
             images = None
-            if self.cfg.mask_train_buckets and not torch.compiler.is_compiling():
+            if packs_mask_training(self.cfg, batch.tensors.device):
                 # Eager: the mask branch on the batch's positives packed into the smallest bucket
                 # (one host read). A compiled forward keeps all Q slots: same loss, no graph break.
                 rois, images = packed_mask_rois(rois, self.cfg.mask_train_slots)

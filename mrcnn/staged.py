@@ -12,7 +12,8 @@ Each stage is a fixed-shape function: one graph per canvas for the first, one pe
 for the second when they are compiled.
 
 :class:`StagedDetector` is inference (``cfg.mask_detection_buckets``, where :func:`stages_masks`
-says so), :class:`StagedTrainer` the training forward (``cfg.mask_train_buckets``).
+says so), :class:`StagedTrainer` the training forward (``cfg.mask_train_buckets``; the eager
+``forward`` packs the mask branch's slots itself where :func:`packs_mask_training` says so).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTraining
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 SlotTuple = TypeVar("SlotTuple", BoxDetections, MaskTrainingRoIs)
 
-# The device types where ``mask_detection_buckets="auto"`` stages ``predict``: where the mask branch
-# on a bucket was measured faster than on all K slots in eager (the CPU: docs/model.md). XLA keeps
-# the single graph (the host read would split each call into two device programs); CUDA is left
-# on it until measured there.
+# The device types where ``mask_detection_buckets="auto"`` stages ``predict`` and
+# ``mask_train_buckets="auto"`` packs the eager training forward's mask slots: where the mask branch
+# on a bucket was measured faster than on all slots in eager (the CPU: docs/model.md,
+# docs/training.md). XLA keeps the single graph (the host read would split each call into two
+# device programs); CUDA is left on it until measured there.
 AUTO_STAGED = frozenset({"cpu"})
 
 
@@ -45,6 +47,18 @@ def stages_masks(cfg: Config, device: torch.device, compiled: bool = False) -> b
     if cfg.mask_detection_buckets == "auto":
         return device.type in AUTO_STAGED and not compiled and not torch.compiler.is_compiling()
     return bool(cfg.mask_detection_buckets)
+
+
+def packs_mask_training(cfg: Config, device: torch.device) -> bool:
+    """Whether the eager training forward on ``device`` trains the mask branch on the batch's
+    positives packed into a bucket (:func:`packed_mask_rois`): set buckets always; "auto" on
+    :data:`AUTO_STAGED` only, and not with ``mask_rois_per_image`` (which subsamples the slots
+    instead). Never while compiling: a graph keeps all Q slots, with no host read inside it."""
+    if torch.compiler.is_compiling():
+        return False
+    if cfg.mask_train_buckets == "auto":
+        return device.type in AUTO_STAGED and not cfg.mask_rois_per_image
+    return bool(cfg.mask_train_buckets)
 
 
 def mask_bucket(buckets: Sequence[int], count: int) -> int:

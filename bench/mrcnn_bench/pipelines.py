@@ -73,12 +73,14 @@ def _staged(model: nn.Module, case: Case) -> bool:
     """A static case whose config has mask buckets for its phase: the forward to time is the two
     stages of ``mrcnn.staged`` (first stage, host read of the counts, mask branch on a bucket), as
     ``MaskRCNN.predict`` and the library's training run them, rather than the single graph.
-    Inference: :func:`inference_staged`; training reads ``mask_train_buckets``."""
+    Inference: :func:`inference_staged`; training: set ``mask_train_buckets``."""
     cfg = getattr(model, "cfg", None)
     if case.interface != "static" or cfg is None:
         return False
     if case.phase == "training":
-        return bool(getattr(cfg, "mask_train_buckets", ()))
+        # "auto": the eager forward packs the slots itself, and compiled rows keep the one graph.
+        buckets = getattr(cfg, "mask_train_buckets", ())
+        return bool(buckets) and buckets != "auto"
     return inference_staged(cfg, case, next(model.parameters()).device)
 
 

@@ -17,7 +17,7 @@ from torch._dynamo.utils import counters
 
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
-from mrcnn.staged import StagedTrainer, mask_bucket, pack_positives
+from mrcnn.staged import StagedTrainer, mask_bucket, pack_positives, packs_mask_training
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import textured_images
 from tests.helpers.training import LOSS_NAMES, SMALL_SIZES, random_targets, small_cfg
@@ -42,7 +42,7 @@ def _losses_and_mask_rois(cfg, weights, counts, seed):
 
 
 def test_config_train_buckets_rule_and_errors(tiny_cfg):
-    cfg = get_config("tiny")
+    cfg = get_config("tiny", mask_train_buckets=())
     assert cfg.mask_positive_quota == 32 and cfg.mask_train_slots == (32,)
     assert cfg.replace(mask_train_buckets=(8, 16)).mask_train_slots == (8, 16, 32)
     assert cfg.replace(mask_train_buckets=(8, 32)).mask_train_slots == (8, 32)
@@ -57,11 +57,44 @@ def test_config_train_buckets_rule_and_errors(tiny_cfg):
             cfg.replace(mask_train_buckets=buckets)
     with pytest.raises(ValueError, match="set one"):
         cfg.replace(mask_train_buckets=(8,), mask_rois_per_image=8)
+    assert cfg.replace(mask_train_buckets="auto", mask_rois_per_image=8).mask_rois_per_image == 8  # auto steps aside
     assert mask_bucket((2, 4, 8), 0) == 2 and mask_bucket((2, 4, 8), 3) == 4 and mask_bucket((2, 4, 8), 8) == 8
 
 
+def test_auto_packs_the_eager_cpu_forward_only():
+    """``mask_train_buckets="auto"`` (the default): powers of two below the quota, in the eager
+    forward on the CPU (where it was measured faster); all Q slots on other devices, with
+    ``mask_rois_per_image``, and for explicitly empty buckets. Set buckets pack on any device."""
+    cfg = get_config("tiny")
+    assert cfg.mask_train_buckets == "auto" and cfg.mask_train_slots == (8, 16, 32)
+    assert get_config("coco_r50_fpn").mask_train_slots == (8, 16, 32, 64, 128)
+    cpu, cuda, xla = torch.device("cpu"), torch.device("cuda"), torch.device("xla")
+    assert packs_mask_training(cfg, cpu)
+    assert not packs_mask_training(cfg, cuda) and not packs_mask_training(cfg, xla)
+    assert not packs_mask_training(cfg.replace(mask_rois_per_image=8), cpu)  # it subsamples the slots instead
+    assert not packs_mask_training(cfg.replace(mask_train_buckets=()), cpu)
+    assert packs_mask_training(cfg.replace(mask_train_buckets=(8,)), cuda)
+
+
+def test_the_default_eager_step_trains_the_mask_branch_on_a_bucket(tiny_cfg):
+    """The default config's eager CPU step: the quota's losses and gradients on the smallest bucket."""
+    base = small_cfg(tiny_cfg, box_batch_size_per_image=64, mask_train_buckets=())  # Q = 16
+    default = base.replace(mask_train_buckets="auto")
+    assert default.mask_train_slots == (8, 16)
+    torch.manual_seed(0)
+    weights = MaskRCNN(base).state_dict()
+    # One object in the first image: at most Q = 16 positives in the batch, 8 per image shared.
+    ref, ref_grads, quota = _losses_and_mask_rois(base, weights, [1, 0], seed=1)
+    got, grads, n = _losses_and_mask_rois(default, weights, [1, 0], seed=1)
+    assert (quota, n) == (16, 8)
+    for name in LOSS_NAMES:
+        torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=name)
+    for name, g in grads.items():
+        torch.testing.assert_close(g, ref_grads[name], rtol=1e-4, atol=1e-6 * float(ref_grads[name].abs().max()))
+
+
 def test_eager_buckets_give_the_quotas_losses_and_gradients_on_fewer_rois(tiny_cfg):
-    base = small_cfg(tiny_cfg)
+    base = small_cfg(tiny_cfg, mask_train_buckets=())  # all Q slots of every image, unpacked
     torch.manual_seed(0)
     weights = MaskRCNN(base).state_dict()
     bucketed = base.replace(mask_train_buckets=BUCKETS)

@@ -78,7 +78,7 @@ def test_mask_rois_per_image_trains_the_mask_head_on_a_prefix_of_the_positives(t
             losses = model(batch, random_targets(cfg, batch, [4, 3], seed=2))
         return seen[0].reshape(2, -1, *seen[0].shape[1:]), losses["loss_mask"]
 
-    full, full_loss = mask_head_input()
+    full, full_loss = mask_head_input(mask_train_buckets=())  # every image's Q slots, not packed
     quota = small_cfg(tiny_cfg).box_batch_size_per_image // 4  # box_positive_fraction 0.25
     assert full.shape[1] == quota
     same, same_loss = mask_head_input(mask_rois_per_image=quota)
