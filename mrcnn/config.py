@@ -259,7 +259,7 @@ class Config:
             object.__setattr__(self, name, buckets := tuple(buckets))
         what = f"{name} {buckets!r}"
         if not isinstance(buckets, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in buckets):
-            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64), or 'auto'"]
+            return [f"{what} must be a tuple of ints, e.g. (8, 16, 32, 64) or 'auto'"]
         problems = []
         if any(n <= 0 for n in buckets):
             problems.append(f"{what} must be positive")
