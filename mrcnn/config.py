@@ -25,6 +25,13 @@ Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples 
 AUTO_MASK_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
 
 
+def _ending_with(buckets: tuple[int, ...] | str, largest: int) -> tuple[int, ...]:
+    """A bucket field's sizes in use: ``buckets`` (those of :data:`AUTO_MASK_BUCKETS` below
+    ``largest`` for "auto"), ending with ``largest``, which is appended when the last is smaller."""
+    sizes = tuple(n for n in AUTO_MASK_BUCKETS if n < largest) if buckets == "auto" else tuple(buckets)
+    return sizes if sizes and sizes[-1] == largest else (*sizes, largest)
+
+
 def level_stride(canvas: int, size: int) -> int:
     """The power-of-two stride of a feature map ``size`` long on a side ``canvas`` long.
 
@@ -177,12 +184,7 @@ class Config:
         """The mask branch's detection-count buckets when staged: ``mask_detection_buckets`` (those
         of :data:`AUTO_MASK_BUCKETS` below K for "auto") ending with K (``box_detections_per_img``),
         or (K,) alone when none are set."""
-        k = self.box_detections_per_img
-        if self.mask_detection_buckets == "auto":
-            buckets = tuple(n for n in AUTO_MASK_BUCKETS if n < k)
-        else:
-            buckets = tuple(self.mask_detection_buckets)
-        return buckets if buckets and buckets[-1] == k else (*buckets, k)
+        return _ending_with(self.mask_detection_buckets, self.box_detections_per_img)
 
     @property
     def mask_positive_quota(self) -> int:
@@ -195,12 +197,7 @@ class Config:
         """The mask branch's training-slot buckets when packed: ``mask_train_buckets`` (those of
         :data:`AUTO_MASK_BUCKETS` below Q for "auto") ending with Q (:attr:`mask_positive_quota`),
         or (Q,) alone when none are set."""
-        q = self.mask_positive_quota
-        if self.mask_train_buckets == "auto":
-            buckets = tuple(n for n in AUTO_MASK_BUCKETS if n < q)
-        else:
-            buckets = tuple(self.mask_train_buckets)
-        return buckets if buckets and buckets[-1] == q else (*buckets, q)
+        return _ending_with(self.mask_train_buckets, self.mask_positive_quota)
 
     @property
     def box_roi_size(self) -> int:
@@ -245,7 +242,7 @@ class Config:
         k = self.box_detections_per_img
         problems = self._buckets_problems("mask_detection_buckets", k, "box_detections_per_img")
         problems += self._buckets_problems("mask_train_buckets", self.mask_positive_quota, "the positive quota")
-        if self.mask_train_buckets and self.mask_train_buckets != "auto" and self.mask_rois_per_image:
+        if self.mask_train_buckets not in ((), "auto") and self.mask_rois_per_image:
             problems.append(
                 "mask_train_buckets keeps torchvision's mask loss and mask_rois_per_image subsamples it: set one"
             )

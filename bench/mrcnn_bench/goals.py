@@ -15,7 +15,7 @@ from typing import Any
 
 from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
 from mrcnn_bench.records import Record, as_number
-from mrcnn_bench.row_stats import interval_text, median, paired_ratio, parity_ok, useful_fraction
+from mrcnn_bench.row_stats import interval_text, median, paired_ratio, parity_ok, useful_ceiling_seconds
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,11 @@ def decision(ratio: float, goal: float, interval: tuple[float, float] | None) ->
 
 def ceiling_needed(rec: Record, goal: Goal, base: Record | None, ref: Record | None) -> float:
     """The fraction of the machine's ceiling the row would run at, on the reference ``ref``'s FLOPs
-    (:func:`~mrcnn_bench.row_stats.useful_fraction`), if it took exactly the goal's time: ``factor``
+    (:func:`~mrcnn_bench.row_stats.useful_fraction`) if it took exactly the goal's time: ``factor``
     times ``base``'s median. Above about 0.9 no schedule of those FLOPs reaches the goal on this
     machine; NaN where the row has no ceiling fraction."""
     goal_s = goal.factor * (median(base) if base is not None else math.nan)
-    return useful_fraction(rec, ref) * median(rec) / goal_s
+    return useful_ceiling_seconds(rec, ref) / goal_s
 
 
 def goal_verdict(rec: Record, goal: Goal, base: Record | None, ref: Record | None = None) -> str:

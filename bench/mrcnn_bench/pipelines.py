@@ -79,8 +79,7 @@ def _staged(model: nn.Module, case: Case) -> bool:
         return False
     if case.phase == "training":
         # "auto": the eager forward packs the slots itself, and compiled rows keep the one graph.
-        buckets = getattr(cfg, "mask_train_buckets", ())
-        return bool(buckets) and buckets != "auto"
+        return _set_buckets(model, "mask_train_buckets")
     return inference_staged(cfg, case, next(model.parameters()).device)
 
 
@@ -97,9 +96,9 @@ def inference_staged(cfg: Config, case: Case, device: torch.device) -> bool:
     return bool(buckets)
 
 
-def _set_buckets(model: nn.Module) -> bool:
-    """Whether the config names detection buckets of its own (not the default "auto")."""
-    buckets = getattr(getattr(model, "cfg", None), "mask_detection_buckets", ())
+def _set_buckets(model: nn.Module, field: str = "mask_detection_buckets") -> bool:
+    """Whether the config names buckets of its own in ``field`` (not empty, not the default "auto")."""
+    buckets = getattr(getattr(model, "cfg", None), field, ())
     return bool(buckets) and buckets != "auto"
 
 

@@ -34,17 +34,26 @@ def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] 
     return paired_ratio_ci(ref.times_s, rec.times_s)
 
 
-def useful_fraction(rec: Record, ref: Record | None) -> float:
-    """The row's speed on useful work as a fraction of the machine's ceiling: the reference row's
-    FLOPs per call (torchvision's, for the same images) over this row's median, over the ceiling of
-    the row's precision. Unlike ``frac_peak``, which divides the row's own FLOPs, this counts the
-    static graph's padding and empty slots as waste. NaN without a median, FLOPs or ceiling."""
-    if ref is None or math.isnan(median(rec)):
+def useful_ceiling_seconds(rec: Record, ref: Record | None) -> float:
+    """Seconds the reference row's FLOPs per call (torchvision's, for the same images) take at the
+    full ceiling of ``rec``'s precision: the shortest call of that work the machine allows. NaN
+    without FLOPs or a ceiling fraction."""
+    if ref is None:
         return math.nan
     own, useful = as_number(rec.flops), as_number(ref.flops)
     if not own > 0 or not useful > 0:
         return math.nan
-    return as_number(rec.frac_peak) * useful / own
+    # frac_peak = own FLOPs / median / ceiling, so useful FLOPs / ceiling = frac_peak * median * useful / own.
+    return as_number(rec.frac_peak) * as_number(rec.median_s) * useful / own
+
+
+def useful_fraction(rec: Record, ref: Record | None) -> float:
+    """The row's speed on useful work as a fraction of the machine's ceiling: the reference row's
+    FLOPs per call over this row's median, over the ceiling of the row's precision
+    (:func:`useful_ceiling_seconds` / median). Unlike ``frac_peak``, which divides the row's own
+    FLOPs, this counts the static graph's padding and empty slots as waste. NaN without a median,
+    FLOPs or ceiling."""
+    return useful_ceiling_seconds(rec, ref) / median(rec)
 
 
 def interval_text(interval: tuple[float, float] | None) -> str:
