@@ -18,6 +18,15 @@ cache folder (``TORCHINDUCTOR_CACHE_DIR``; nothing from ``/tmp/torchinductor_$US
   serialize, then populate the caches), which ``torch.compile`` does not do by itself.
 - ``precompile_warm``: precompile_cold's folder, precompile on: a second process that loads the
   traced frame instead of tracing the model again (the part of a warm start the other caches leave).
+- ``frozen_cold`` and ``frozen_warm``: an empty folder, then the same folder, for the model compiled
+  with freezing (``mrcnn.frozen.FrozenInference``, the harness's ``static/frozen`` row): batch norm
+  folded into the convolutions at compile time and the weights prepacked, so fewer kernels to
+  generate and build, but a graph that holds oneDNN tensors, which torch 2.9's FX graph cache cannot
+  store.
+
+Each folder also gets its own temporary folder (``TMPDIR``): inductor keeps its precompiled C++
+header under the temporary folder, not under ``TORCHINDUCTOR_CACHE_DIR``, so without it every
+process after the first would find the header built (about 120 MB) and none would be cold.
 
 The precompile modes compile ``model.forward`` (a bound method), since the precompile cache keys a
 frame by its function's name and ``torch.compile(model)`` hands it the module; the graph is the same.
@@ -57,21 +66,24 @@ from mrcnn_bench.journal import read_lines  # noqa: E402
 
 # workload -> (preset, image (h, w))
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640)), "tiny": ("tiny", (240, 320))}
-MODES = ("cold", "warm", "artifacts", "precompile_cold", "precompile_warm")
+MODES = ("cold", "warm", "artifacts", "precompile_cold", "precompile_warm", "frozen_cold", "frozen_warm")
 # at COCO size, this host kind
-GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0, "precompile_cold": 45.0, "precompile_warm": 10.0}
+GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0, "precompile_cold": 45.0, "precompile_warm": 10.0,
+           "frozen_cold": 45.0, "frozen_warm": 10.0}  # fmt: skip
 NAME = "first_result"
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
 def child(
-    preset: str, size: tuple[int, int], weights: Path, save: Path | None, load: Path | None, precompile: bool
+    preset: str, size: tuple[int, int], weights: Path, save: Path | None, load: Path | None, precompile: bool,
+    frozen: bool = False,
 ) -> dict[str, Any]:
     """One process's first result; runs in the child. Prints nothing but its JSON record."""
     import torch
     from torch._dynamo.utils import counters
 
     from mrcnn.config import get_config
+    from mrcnn.frozen import FrozenInference
     from mrcnn.model import MaskRCNN
     from mrcnn.transform import to_image_batch
     from mrcnn.weights import textured_images
@@ -86,7 +98,10 @@ def child(
         info = torch.compiler.load_cache_artifacts(load.read_bytes())
         loaded = {k: len(v) for k, v in vars(info).items() if isinstance(v, list)} if info else None
     t_load = time.perf_counter()
-    compiled = torch.compile(model.forward if precompile else model, fullgraph=True, dynamic=False)
+    if frozen:
+        compiled = FrozenInference(model)  # fullgraph, dynamic=False; it runs under no_grad itself
+    else:
+        compiled = torch.compile(model.forward if precompile else model, fullgraph=True, dynamic=False)
     with torch.no_grad():
         det = compiled(batch)
         t_first, first_epoch = time.perf_counter(), time.time()
@@ -131,7 +146,9 @@ def _launch(args: list[str], cache: Path, prefix: tuple[str, ...] = ()) -> dict[
     """Run this file's ``child`` command in a new process (``prefix``: arguments of the interpreter
     before the script, such as ``-m cProfile``); -> its record, with ``first_result_s``: the launch
     (here) to the return of its first call (there), on the machine's clock."""
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(REPO)}
+    headers = cache.with_name(cache.name + "_tmp")  # inductor's precompiled header goes under TMPDIR
+    headers.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "TMPDIR": str(headers), "PYTHONPATH": str(REPO)}
     # dynamo reads the switch when it is imported; the other modes must run without it
     env.pop(PRECOMPILE_ENV, None)
     if "--precompile" in args:
@@ -201,11 +218,13 @@ def run(workloads: list[str], rounds: int, out: Path) -> None:
             for index in range(start[workload], rounds):
                 cache, fresh = tmp / f"{workload}{index}_cache", tmp / f"{workload}{index}_fresh"
                 pre_cache, artifacts = tmp / f"{workload}{index}_precompile", tmp / "artifacts.bin"
-                pre = [*base, "--precompile"]
+                pre, frozen = [*base, "--precompile"], [*base, "--frozen"]
                 plan = {"cold": ([*base, "--save", str(artifacts)], cache), "warm": (base, cache),
                         "artifacts": ([*base, "--load", str(artifacts)], fresh),
                         "precompile_cold": ([*pre, "--save", str(tmp / "precompile.bin")], pre_cache),
-                        "precompile_warm": (pre, pre_cache)}  # fmt: skip
+                        "precompile_warm": (pre, pre_cache),
+                        "frozen_cold": (frozen, tmp / f"{workload}{index}_frozen"),
+                        "frozen_warm": (frozen, tmp / f"{workload}{index}_frozen")}  # fmt: skip
                 rows = []
                 for mode in MODES:
                     record = _launch(*plan[mode])
@@ -250,8 +269,10 @@ def report(out: Path) -> dict[str, Any]:
                                           if r["mode"] == m and r.get("artifacts_saved_bytes")])},
             "traced_graphs": {m: sorted({r["traced_graphs"] for r in mine if r["mode"] == m and "traced_graphs" in r})
                               for m in MODES},
-            # every process of the workload returned the same detections (rounds without a checksum: None)
-            "outputs_agree": len({round(r["output_checksum"], 3) for r in mine}) == 1
+            # every process of a path returned the same detections (rounds without a checksum: None);
+            # freezing folds batch norm into the convolutions, so its rounding is its own
+            "outputs_agree": all(len({round(r["output_checksum"], 3) for r in mine
+                                      if r["mode"].startswith("frozen") == frozen}) <= 1 for frozen in (False, True))
             if all("output_checksum" in r for r in mine) else None,
             "loadavg_1m": _spread([r["loadavg_1m"] for r in mine]),
         }  # fmt: skip
@@ -295,7 +316,8 @@ def _markdown(summary: dict[str, Any]) -> str:
               "the graphs dynamo traced in the process (0 when its cache gave it the traced frame)."]  # fmt: skip
     for workload, w in summary["workloads"].items():
         saved = "; ".join(f"{m} wrote {b['median'] / 1e6:.1f} MB" for m, b in w["saved_bytes"].items())
-        agree = {True: "the same detections in every process", False: "**detections differ between processes**",
+        agree = {True: "the same detections in every process of a path (frozen or not)",
+                 False: "**detections differ between processes**",
                  None: "no output checksum recorded"}[w["outputs_agree"]]  # fmt: skip
         lines.append(f"{workload}: {saved or 'no artifacts saved'}; {agree}; load average (1 min) "
                      f"{w['loadavg_1m']['min']:.1f}-{w['loadavg_1m']['max']:.1f}.")  # fmt: skip
@@ -325,9 +347,11 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--save", type=Path)
     c.add_argument("--load", type=Path)
     c.add_argument("--precompile", action="store_true", help="compile model.forward, save with PrecompileContext")
+    c.add_argument("--frozen", action="store_true", help="compile with freezing (mrcnn.frozen.FrozenInference)")
     args = parser.parse_args(argv)
     if args.command == "child":
-        print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load, args.precompile)))
+        print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load, args.precompile,
+                               args.frozen)))
     elif args.command == "run":
         unknown = set(args.workloads.split(",")) - set(WORKLOADS)
         if unknown or args.rounds < 1:
