@@ -3,9 +3,11 @@
     python bench/studies/first_result/first_result.py run [--workloads coco,tiny] [--rounds 3] [--out DIR]
     python bench/studies/first_result/first_result.py report [--out results/first_result]
     python bench/studies/first_result/first_result.py profile [--workload coco] [--out DIR]
+    python bench/studies/first_result/first_result.py phases [--workload coco] [--rounds 2] [--out DIR]
 
-Each round starts five fresh Python processes, one after the other, each with its own inductor
-cache folder (``TORCHINDUCTOR_CACHE_DIR``; nothing from ``/tmp/torchinductor_$USER`` is read):
+Each round starts seven fresh Python processes, one after the other, each with its own inductor
+cache folder (``TORCHINDUCTOR_CACHE_DIR``) and temporary folder (below; nothing from
+``/tmp/torchinductor_$USER`` is read):
 
 - ``cold``: an empty cache folder. After its first result the process saves the caches' portable
   artifacts (``torch.compiler.save_cache_artifacts``) to a file.
@@ -38,10 +40,14 @@ dynamic=False)`` on it under no_grad: the user's path in ``docs/model.md``. Time
 is the wall time from the launch of the process to the first call's return, measured by the parent;
 the process reports its parts (model and weights, artifacts loading, first call; the rest is the
 interpreter's start-up and the imports) and one more call (the steady state, for scale). Each
-round's three processes are appended to ``OUT/first_result.jsonl`` when the round ends, so a rerun
+round's processes are appended to ``OUT/first_result.jsonl`` when the round ends, so a rerun
 resumes at the next round; ``report`` (and the end of ``run``) writes ``OUT/first_result.json``
 and ``OUT/first_result.md``: per workload and mode the median of the rounds with their range and
 count, beside the goals (cold 45 s, warm 10 s, COCO size).
+
+``phases`` runs cold processes only, plain and frozen, and splits their first call with torch's
+own timers (tracing, AOTAutograd, lowering, kernel code generation, the wait for the C++ builds),
+the vector-ISA check (called on its own before compiling) and the call itself.
 """
 
 from __future__ import annotations
@@ -71,6 +77,24 @@ MODES = ("cold", "warm", "artifacts", "precompile_cold", "precompile_warm", "fro
 GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0, "precompile_cold": 45.0, "precompile_warm": 10.0,
            "frozen_cold": 45.0, "frozen_warm": 10.0}  # fmt: skip
 NAME = "first_result"
+# dynamo_timed regions of torch 2.9 the phases table reads (seconds, summed over the process)
+PHASES = ("bytecode_tracing", "create_aot_dispatcher_function", "compile_fx_inner", "GraphLowering.run",
+          "Scheduler.__init__", "Scheduler.codegen", "async_compile.wait", "build_guards")  # fmt: skip
+# the phases table's rows: a child's record -> seconds of its first call
+FIRST_CALL_PARTS = {
+    "vec ISA check": lambda r: r["vec_isa_check_s"],
+    "dynamo tracing": lambda r: _phase(r, "bytecode_tracing"),
+    "AOTAutograd (and freezing)": lambda r: _phase(r, "create_aot_dispatcher_function") - _phase(r, "compile_fx_inner"),
+    "lowering and scheduling": lambda r: _phase(r, "GraphLowering.run") + _phase(r, "Scheduler.__init__"),
+    "kernel code generation": lambda r: _phase(r, "Scheduler.codegen"),
+    "waiting for the C++ builds": lambda r: _phase(r, "async_compile.wait"),
+    "guards": lambda r: _phase(r, "build_guards"),
+    "the call itself (the next call's time)": lambda r: r["second_call_s"],
+}
+
+
+def _phase(record: dict[str, Any], name: str) -> float:
+    return record["compile_phases"].get(name, 0.0)  # a region the process never entered
 PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
@@ -80,7 +104,8 @@ def child(
 ) -> dict[str, Any]:
     """One process's first result; runs in the child. Prints nothing but its JSON record."""
     import torch
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import compilation_time_metrics, counters
+    from torch._inductor import cpu_vec_isa
 
     from mrcnn.config import get_config
     from mrcnn.frozen import FrozenInference
@@ -98,6 +123,10 @@ def child(
         info = torch.compiler.load_cache_artifacts(load.read_bytes())
         loaded = {k: len(v) for k, v in vars(info).items() if isinstance(v, list)} if info else None
     t_load = time.perf_counter()
+    # inductor's check of the CPU's vector ISA (cached for the process), timed on its own: part of
+    # the first call, which would run it anyway
+    cpu_vec_isa.valid_vec_isa_list()
+    t_isa = time.perf_counter()
     if frozen:
         compiled = FrozenInference(model)  # fullgraph, dynamic=False; it runs under no_grad itself
     else:
@@ -120,7 +149,8 @@ def child(
         "first_call_s": t_first - t_load, "second_call_s": t_second - t_first, "first_result_epoch": first_epoch,
         "valid_detections": int(det.valid.sum()), "output_checksum": checksum, "artifacts_loaded": loaded,
         "artifacts_saved_bytes": saved, "traced_graphs": int(counters["stats"]["unique_graphs"]),
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "vec_isa_check_s": t_isa - t_load,
+        "compile_phases": {k: sum(v) for k, v in compilation_time_metrics.items() if k in PHASES},
     }  # fmt: skip
 
 
@@ -195,6 +225,44 @@ def profile(workload: str, out: Path, top: int = 45) -> Path:
     head = (f"python bench/studies/first_result/first_result.py profile --workload {workload}\n"
             f"precompile_cold: {json.dumps(cold)}\nprecompile_warm under cProfile: {json.dumps(warm)}\n")  # fmt: skip
     store.write_atomic(path, head + text.getvalue().replace(tmp_name, "TMP"))
+    return path
+
+
+def phases(workload: str, rounds: int, out: Path) -> Path:
+    """Where a cold first call goes, for the plain and the frozen compile: ``rounds`` pairs of cold
+    processes (each its own empty folders) -> ``OUT/phases_W.json`` and ``.md``."""
+    preset, size = WORKLOADS[workload]
+    out.mkdir(parents=True, exist_ok=True)
+    records: dict[str, list[dict[str, Any]]] = {"cold": [], "frozen_cold": []}
+    with tempfile.TemporaryDirectory(prefix="first_result_") as tmp_name:
+        tmp = Path(tmp_name)
+        base = _weights(tmp, preset, size)
+        for index in range(rounds):
+            for mode, args in (("cold", base), ("frozen_cold", [*base, "--frozen"])):
+                records[mode].append(_launch(args, tmp / f"{mode}{index}"))
+                print(f"{workload} {mode} {index + 1}/{rounds}: first call {records[mode][-1]['first_call_s']:.1f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+
+    table = {m: {n: statistics.median(part(r) for r in rs) for n, part in FIRST_CALL_PARTS.items()}
+             for m, rs in records.items()}  # fmt: skip
+    for m, rs in records.items():
+        table[m]["first call"] = statistics.median(r["first_call_s"] for r in rs)
+        table[m]["rest"] = table[m]["first call"] - sum(table[m][n] for n in FIRST_CALL_PARTS)
+    command = f"python bench/studies/first_result/first_result.py phases --workload {workload} --rounds {rounds}"
+    store.write_atomic(out / f"phases_{workload}.json", json.dumps(
+        {"command": command, "commit": store.git("rev-parse", "--short", "HEAD"), "records": records,
+         "medians": table}, indent=1) + "\n")  # fmt: skip
+    lines = [f"# Where a cold first call goes: {preset} {size[0]}x{size[1]}", "",
+             f"Command: `{command}`; commit {store.git('rev-parse', '--short', 'HEAD')}, "
+             f"{store.cpu_model()} x{os.cpu_count()}. Seconds, median of {rounds} cold processes per path "
+             "(empty cache folders, each with its own TMPDIR). Phases are torch's own timers "
+             "(`torch._dynamo.utils.compilation_time_metrics`); the vector-ISA check is called first, "
+             "on its own.", "",
+             "| phase | " + " | ".join(table) + " |", "| --- |" + " --- |" * len(table)]  # fmt: skip
+    for n in ("first call", *FIRST_CALL_PARTS, "rest"):
+        lines.append(f"| {n} | " + " | ".join(f"{table[m][n]:.2f}" for m in table) + " |")
+    path = out / f"phases_{workload}.md"
+    store.write_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -337,8 +405,11 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--rounds", type=int, default=3, help="rounds per workload (default 3)")
     rep = sub.add_parser("report", help="rewrite the .json and .md from the .jsonl")
     prof = sub.add_parser("profile", help="cProfile of a warm precompile process's first call")
-    prof.add_argument("--workload", choices=sorted(WORKLOADS), default="coco")
-    for p in (r, rep, prof):
+    ph = sub.add_parser("phases", help="where a cold first call goes, plain and frozen")
+    ph.add_argument("--rounds", type=int, default=2, help="cold processes per path (default 2)")
+    for p in (prof, ph):
+        p.add_argument("--workload", choices=sorted(WORKLOADS), default="coco")
+    for p in (r, rep, prof, ph):
         p.add_argument("--out", type=Path, default=REPO / "results" / "first_result")
     c = sub.add_parser("child", help=argparse.SUPPRESS)
     c.add_argument("--preset", required=True)
@@ -359,6 +430,8 @@ def main(argv: list[str] | None = None) -> None:
         run(args.workloads.split(","), args.rounds, args.out)
     elif args.command == "profile":
         print(profile(args.workload, args.out))
+    elif args.command == "phases":
+        print(phases(args.workload, max(1, args.rounds), args.out))
     else:
         report(args.out)
 
