@@ -154,6 +154,8 @@ def child(
         "artifacts_saved_bytes": saved, "traced_graphs": int(counters["stats"]["unique_graphs"]),
         "threads": torch.get_num_threads(), "torch": torch.__version__, "vec_isa_check_s": t_isa - t_load,
         "compile_phases": {k: sum(v) for k, v in compilation_time_metrics.items() if k in PHASES},
+        # inductor's FX graph cache: hit, miss or bypass (a graph it cannot store) per graph
+        "fx_graph_cache": {k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")},
     }  # fmt: skip
 
 
@@ -340,6 +342,8 @@ def report(out: Path) -> dict[str, Any]:
                                           if r["mode"] == m and r.get("artifacts_saved_bytes")])},
             "traced_graphs": {m: sorted({r["traced_graphs"] for r in mine if r["mode"] == m and "traced_graphs" in r})
                               for m in MODES},
+            "fx_graph_cache": {m: sorted({json.dumps(r["fx_graph_cache"], sort_keys=True) for r in mine
+                                          if r["mode"] == m and "fx_graph_cache" in r}) for m in MODES},
             # every process of a path returned the same detections (rounds without a checksum: None);
             # freezing folds batch norm into the convolutions, so its rounding is its own
             "outputs_agree": all(len({round(r["output_checksum"], 3) for r in mine
@@ -392,6 +396,9 @@ def _markdown(summary: dict[str, Any]) -> str:
                  None: "no output checksum recorded"}[w["outputs_agree"]]  # fmt: skip
         lines.append(f"{workload}: {saved or 'no artifacts saved'}; {agree}; load average (1 min) "
                      f"{w['loadavg_1m']['min']:.1f}-{w['loadavg_1m']['max']:.1f}.")  # fmt: skip
+        fx = "; ".join(f"{m} {' or '.join(c)}" for m, c in w.get("fx_graph_cache", {}).items() if c)
+        if fx:
+            lines.append(f"{workload}, inductor's FX graph cache per process: {fx}.")
     return "\n".join(lines) + "\n"
 
 
