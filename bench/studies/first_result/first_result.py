@@ -77,6 +77,7 @@ MODES = ("cold", "warm", "artifacts", "precompile_cold", "precompile_warm", "fro
 GOALS_S = {"cold": 45.0, "warm": 10.0, "artifacts": 10.0, "precompile_cold": 45.0, "precompile_warm": 10.0,
            "frozen_cold": 45.0, "frozen_warm": 10.0}  # fmt: skip
 NAME = "first_result"
+PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 # dynamo_timed regions of torch 2.9 the phases table reads (seconds, summed over the process)
 PHASES = ("bytecode_tracing", "create_aot_dispatcher_function", "compile_fx_inner", "GraphLowering.run",
           "Scheduler.__init__", "Scheduler.codegen", "async_compile.wait", "build_guards")  # fmt: skip
@@ -98,7 +99,6 @@ FIRST_CALL_PARTS = {
 
 def _phase(record: dict[str, Any], name: str) -> float:
     return record["compile_phases"].get(name, 0.0)  # a region the process never entered
-PRECOMPILE_ENV = "TORCH_CACHING_PRECOMPILE"
 
 
 def child(
@@ -234,8 +234,7 @@ def profile(workload: str, out: Path, top: int = 45) -> Path:
 
 
 def phases(workload: str, rounds: int, out: Path) -> Path:
-    """Where a cold first call goes, for the plain and the frozen compile: ``rounds`` pairs of cold
-    processes (each its own empty folders) -> ``OUT/phases_W.json`` and ``.md``."""
+    """Where a cold first call goes, plain and frozen: ``rounds`` cold processes each -> ``OUT/phases_W.{json,md}``."""
     preset, size = WORKLOADS[workload]
     out.mkdir(parents=True, exist_ok=True)
     records: dict[str, list[dict[str, Any]]] = {"cold": [], "frozen_cold": []}
@@ -254,9 +253,8 @@ def phases(workload: str, rounds: int, out: Path) -> Path:
         table[m]["first call"] = statistics.median(r["first_call_s"] for r in rs)
         table[m]["rest"] = table[m]["first call"] - sum(table[m][n] for n in FIRST_CALL_PARTS)
     command = f"python bench/studies/first_result/first_result.py phases --workload {workload} --rounds {rounds}"
-    store.write_atomic(out / f"phases_{workload}.json", json.dumps(
-        {"command": command, "commit": store.git("rev-parse", "--short", "HEAD"), "records": records,
-         "medians": table}, indent=1) + "\n")  # fmt: skip
+    store.write_atomic(out / f"phases_{workload}.json", json.dumps({"command": command, "commit": store.git(
+        "rev-parse", "--short", "HEAD"), "records": records, "medians": table}, indent=1) + "\n")  # fmt: skip
     lines = [f"# Where a cold first call goes: {preset} {size[0]}x{size[1]}", "",
              f"Command: `{command}`; commit {store.git('rev-parse', '--short', 'HEAD')}, "
              f"{store.cpu_model()} x{os.cpu_count()}. Seconds, median of {rounds} cold processes per path "
@@ -430,18 +428,20 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--precompile", action="store_true", help="compile model.forward, save with PrecompileContext")
     c.add_argument("--frozen", action="store_true", help="compile with freezing (mrcnn.frozen.FrozenInference)")
     args = parser.parse_args(argv)
+    if getattr(args, "rounds", 1) < 1:
+        parser.error("--rounds must be at least 1")
     if args.command == "child":
         print(json.dumps(child(args.preset, args.size, args.weights, args.save, args.load, args.precompile,
                                args.frozen)))
     elif args.command == "run":
         unknown = set(args.workloads.split(",")) - set(WORKLOADS)
-        if unknown or args.rounds < 1:
-            parser.error(f"unknown workloads {sorted(unknown)}" if unknown else "--rounds must be at least 1")
+        if unknown:
+            parser.error(f"unknown workloads {sorted(unknown)}")
         run(args.workloads.split(","), args.rounds, args.out)
     elif args.command == "profile":
         print(profile(args.workload, args.out))
     elif args.command == "phases":
-        print(phases(args.workload, max(1, args.rounds), args.out))
+        print(phases(args.workload, args.rounds, args.out))
     else:
         report(args.out)
 
