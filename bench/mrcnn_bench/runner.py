@@ -232,9 +232,13 @@ def setup_rows(active: list[RowResult], ctx: Context, opts: RunOptions,
     """A runner per row (closed with ``stack``), in a working folder that workers share."""
     workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mrcnn-bench-")))
     if opts.fresh_compile_cache:
-        # A cold cache, so compile times are those of a first run (workers inherit it).
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / "inductor-cache")
-        stack.callback(os.environ.pop, "TORCHINDUCTOR_CACHE_DIR", None)
+        # A cold cache, so compile times are those of a first run (workers inherit it). Inductor
+        # keeps its precompiled C++ header under the temporary folder, not under its cache folder,
+        # so the workers get a temporary folder of their own too.
+        (workdir / "tmp").mkdir()
+        for name, value in (("TORCHINDUCTOR_CACHE_DIR", workdir / "inductor-cache"), ("TMPDIR", workdir / "tmp")):
+            stack.callback(_restore_env, name, os.environ.get(name))
+            os.environ[name] = str(value)
     if any(_in_worker(r.row, opts) for r in active):
         save_context(ctx, workdir)
     runners: dict[str, RowRunner] = {}
@@ -247,6 +251,13 @@ def setup_rows(active: list[RowResult], ctx: Context, opts: RunOptions,
         stack.callback(runner.close)
         runners[r.row.name] = runner
     return runners
+
+
+def _restore_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _in_worker(row: Row, opts: RunOptions) -> bool:

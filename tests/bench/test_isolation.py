@@ -8,6 +8,7 @@ workers). Structural checks only: no timing in any assertion.
 from __future__ import annotations
 
 import contextlib
+import os
 
 import pytest
 
@@ -64,3 +65,19 @@ def test_a_worker_is_stopped_except_during_its_own_calls(tmp_path, tiny_weights)
         row.close()
     assert row.proc.poll() is not None, "close() ends a stopped worker"
     assert process_state(pid) in ("", "Z", "X")
+
+
+def test_a_fresh_compile_cache_gives_workers_their_own_header_folder_too(monkeypatch):
+    # Inductor's precompiled C++ header goes under the temporary folder, not its cache folder: a
+    # worker that inherited the machine's TMPDIR would find it built, and its compile would not be cold.
+    monkeypatch.setenv("TMPDIR", "/somewhere/else")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    ctx = Context("tiny", {}, Workload(), {}, [], [], 1, 0)
+    opts = RunOptions(workload=Workload(), rows=ROWS[:1], isolate=True, time_limit=120.0)
+    with contextlib.ExitStack() as stack:
+        (runner,) = setup_rows([RowResult(ROWS[0])], ctx, opts, stack).values()
+        workdir = runner.dir.parent
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(workdir / "inductor-cache")
+        assert os.environ["TMPDIR"] == str(workdir / "tmp") and (workdir / "tmp").is_dir()
+    assert os.environ["TMPDIR"] == "/somewhere/else"  # restored, not dropped
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
