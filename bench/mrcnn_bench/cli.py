@@ -139,8 +139,7 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
     p.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override,
                    metavar="KEY=VALUE", help="config override for every row (repeatable)")
     p.add_argument("--reuse-compile-cache", action="store_true",
-                   help="use the usual inductor cache (default: a fresh one for the workers, with their own "
-                        "temporary folder for inductor's precompiled header, so compile times are cold)")
+                   help="use the machine's inductor cache and temp folder (default: fresh ones, so compiles are cold)")
     p.add_argument("--peak-reps", type=int, default=5,
                    help="repetitions of each kernel-rate probe (default: %(default)s; 0: skip them and the "
                         "machine's FMA ceiling, so frac_peak is not shown)")
