@@ -37,14 +37,14 @@ def paired_ratio(rec: Record, ref: Record | None) -> tuple[float, float, float] 
 def useful_ceiling_seconds(rec: Record, ref: Record | None) -> float:
     """Seconds the reference row's FLOPs per call (torchvision's, for the same images) take at the
     full ceiling of ``rec``'s precision: the shortest call of that work the machine allows. NaN
-    without FLOPs or a ceiling fraction."""
+    without a median, FLOPs or a ceiling fraction."""
     if ref is None:
         return math.nan
     own, useful = as_number(rec.flops), as_number(ref.flops)
     if not own > 0 or not useful > 0:
         return math.nan
     # frac_peak = own FLOPs / median / ceiling, so useful FLOPs / ceiling = frac_peak * median * useful / own.
-    return as_number(rec.frac_peak) * as_number(rec.median_s) * useful / own
+    return as_number(rec.frac_peak) * median(rec) * useful / own
 
 
 def useful_fraction(rec: Record, ref: Record | None) -> float:

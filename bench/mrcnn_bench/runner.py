@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -236,9 +237,8 @@ def setup_rows(active: list[RowResult], ctx: Context, opts: RunOptions,
         # keeps its precompiled C++ header under the temporary folder, not under its cache folder,
         # so the workers get a temporary folder of their own too.
         (workdir / "tmp").mkdir()
-        for name, value in (("TORCHINDUCTOR_CACHE_DIR", workdir / "inductor-cache"), ("TMPDIR", workdir / "tmp")):
-            stack.callback(_restore_env, name, os.environ.get(name))
-            os.environ[name] = str(value)
+        cold = {"TORCHINDUCTOR_CACHE_DIR": str(workdir / "inductor-cache"), "TMPDIR": str(workdir / "tmp")}
+        stack.enter_context(mock.patch.dict(os.environ, cold))  # the caller's values come back after
     if any(_in_worker(r.row, opts) for r in active):
         save_context(ctx, workdir)
     runners: dict[str, RowRunner] = {}
@@ -251,13 +251,6 @@ def setup_rows(active: list[RowResult], ctx: Context, opts: RunOptions,
         stack.callback(runner.close)
         runners[r.row.name] = runner
     return runners
-
-
-def _restore_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def _in_worker(row: Row, opts: RunOptions) -> bool:
