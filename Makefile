@@ -143,12 +143,13 @@ asv-spread: asv-fixture
 # screenshots under results/asv/screenshots show that it renders), with its scripts made local.
 # Then the change points of every line (mrcnn-bench steps' method) beside asv's flags, with a block
 # ready to file per regression: results/asv/regressions_report.md (committed) and the page
-# changes.html of the dashboard. NOISE: the A/A study that sizes each block's confirm command.
-NOISE ?= results/asv/aa_shared_f6m207
+# changes.html of the dashboard. NOISE: the A/A studies that size each block's confirm command
+# (DIR for every machine, MACHINE=DIR for one: each host kind scatters its own way).
+NOISE ?= results/asv/aa_shared_f6m207 amd-epyc-f25m17-2c-fx021d390f=results/asv/aa_shared_f25m17
 asv-publish: asv-scratch $(OTAVA_STAMP)
 	$(VENV)/bin/asv publish
 	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
-	PYTHONPATH=bench $(PY) -m mrcnn_bench.regression_report --noise $(NOISE) \
+	PYTHONPATH=bench $(PY) -m mrcnn_bench.regression_report $(foreach n,$(NOISE),--noise $(n)) \
 		--md results/asv/regressions_report.md --html results/html/changes.html
 
 # The dashboard on http://127.0.0.1:8080, this machine only (no network needed: its scripts are in

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import csv
 import math
+import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,6 +33,9 @@ STAGES = ("Stages.track_ratio",)  # context for a held step: where it happened
 HELD = ("Latency.track_ratio", "Training.track_ratio", "Compiles.track_count", "Accuracy.track_box_error",
         "Accuracy.track_mask_error")  # fmt: skip
 MIN_MAIN_COMMITS = 15  # a machine chosen by default holds at least this many of the line's commits
+# The paths whose commits the history measures (the Makefile's asv-history lists the same): a commit
+# that changes none of them runs the same library as its parent.
+MEASURED_PATHS = ("mrcnn", "pyproject.toml")
 
 
 def read_csv(path: Path) -> Series:
@@ -138,3 +142,21 @@ def read_asv(
         raise ValueError(f"machine {machine!r} has no results for these commits under {results}")
     short = [m for m, (c, _) in series.items() if len(c) < MIN_POINTS]
     return {m: s for m, s in series.items() if m not in short}, short
+
+
+def unmeasured_between(repo: Path, older: str, newer: str) -> int:
+    """How many commits after ``older`` and before ``newer`` change :data:`MEASURED_PATHS`: where a
+    machine skipped some, a step it finds at ``newer`` may have come from any of them. 0 when git
+    does not know the commits."""
+    done = subprocess.run(["git", "-C", str(repo), "rev-list", f"{older}..{newer}", "--", *MEASURED_PATHS],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return 0
+    return sum(1 for h in done.stdout.split() if not h.startswith(newer))
+
+
+def skipped_before(repo: Path, series: Series, point_metric: str, index: int) -> tuple[str, int]:
+    """(the commit measured before point ``index`` of ``point_metric``'s series, how many commits that
+    change the library lie between them unmeasured)."""
+    previous = series[point_metric][0][index - 1]
+    return previous, unmeasured_between(repo, previous, series[point_metric][0][index])

@@ -1,27 +1,22 @@
 """The regression report: each regression change point of the history, written to be filed as is.
 
-    python -m mrcnn_bench.regression_report [--results results/asv] [--repo .] [--noise DIR]
+    python -m mrcnn_bench.regression_report [--results results/asv] [--repo .] [--noise [MACHINE=]DIR ...]
         [--line NAME=REVS ...] [--md FILE.md] [--html FILE.html] [--dashboard URL]
 
 For every line of commits (default: main, and the scratch and steps ranges of
 :mod:`mrcnn_bench.scratch_range`) and every asv machine with results on it, finds the change points
 of the held figures (:data:`mrcnn_bench.history_series.HELD`) and of the stage ratios
 (:data:`~mrcnn_bench.history_series.STAGES`) with :mod:`mrcnn_bench.changepoints`. Each regression
-in a held figure becomes a block: the commit and its subject, the metric, the level before and
-after with 95% intervals (Student's t over the commits of each level), the stages whose ratio
-stepped within one commit of it in the same direction, the graph's address on the dashboard, and a
-command that confirms it live (the commit against its parent, interleaved). ``--md`` writes the
-blocks as markdown; ``--html`` writes a page of the dashboard with the same blocks and, beside
-each line's change points, the steps asv's own detection flagged (read from the published
-``regressions.json`` when it is there). Every text that comes from git or from a file is escaped.
-
-The confirm command's rounds: a live compare tests the per-round ratios B/A, paired; their
-scatter is the per-round scatter of a case against the ruler in the A/A study (``--noise``: its
-``run_*.json``), so a step of relative size d is found with 90% power by a one-sided test at 5%
-when the rounds are at least ((z_0.95 + z_0.90) s / ln(1 + d))^2 / 0.955 (0.955: the Wilcoxon
-test's efficiency against the t-test for normal data). A process draws a level of its own that
-rounds cannot average away (results/asv/README.md), so the figure is a floor, and the block says
-so when the step is within two of that level's standard deviations.
+in a held figure becomes a block: the commit and its subject, the metric, the level before and after
+with 95% intervals (Student's t over the commits of each level), the stages whose ratio stepped
+within one commit of it in the same direction, the graph's address on the dashboard, and a command
+that confirms it live (the commit against its parent, interleaved:
+:mod:`mrcnn_bench.confirm_command`; against the last commit measured where the machine skipped
+commits that change the library, which the block counts). A step in a ``torchvision/`` case, the
+control, is marked so. ``--md`` writes the blocks as markdown; ``--html`` writes a page of the
+dashboard with the same blocks and, beside each line's change points, the steps asv's own detection
+flagged (read from the published ``regressions.json`` when it is there). Every text that comes from
+git or from a file is escaped.
 """
 
 from __future__ import annotations
@@ -41,12 +36,10 @@ from scipy import stats as scipy_stats
 
 from mrcnn_bench import asv_regressions, asv_results_table, changepoints, history_series
 from mrcnn_bench.changepoints import ChangePoint
+from mrcnn_bench.confirm_command import case_of, confirm, noise_by_machine
 from mrcnn_bench.scratch_range import RANGES
 from mrcnn_bench.screenshots import graph_hash
 
-POWER, ALPHA = 0.90, 0.05
-WILCOXON_EFFICIENCY = 0.955
-MIN_ROUNDS = 10
 STAGE_WINDOW = 1  # a stage's change point counts when it is this many commits or fewer from the step
 DEFAULT_LINES = {"main": "main", **{name: rng.revs for name, rng in RANGES.items()}}
 
@@ -83,6 +76,7 @@ class Regression:
     command: str = ""
     rounds: int | None = None
     rounds_note: str = ""
+    unmeasured: int = 0  # commits between ``parent`` (then the last one measured) and this one that change the library
 
 
 def level(values: Sequence[float]) -> Level:
@@ -102,61 +96,6 @@ def levels(points: Sequence[ChangePoint], values: Sequence[float], point: Change
     start = indices[k - 1] if k > 0 else 0
     end = indices[k + 1] if k + 1 < len(indices) else len(values)
     return level(values[start:point.index]), level(values[point.index:end])
-
-
-def case_of(metric: str) -> str:
-    """``Latency.track_ratio(static/eager)`` -> ``static/eager`` (the first parameter), else ""."""
-    return metric.partition("(")[2].rstrip(")").split(", ")[0] if "(" in metric else ""
-
-
-def round_noise(folder: Path | None) -> dict[str, float]:
-    """Case -> standard deviation of ln(case / ruler) per round, within each process of the A/A
-    study in ``folder`` (``run_*.json`` of :mod:`mrcnn_bench.aa_spread`), pooled over its processes
-    and runs; empty when there is no such study."""
-    if folder is None or not folder.is_dir():
-        return {}
-    squares: dict[str, list[float]] = {}
-    for path in sorted(folder.glob("run_*.json")):
-        for case, part in json.loads(path.read_text()).get("timing", {}).items():
-            record = part.get("record") or {}
-            logs = [math.log(c / r) for c, r in zip(record.get("case_s", []), record.get("ruler_s", []), strict=True)]
-            per = max(1, record.get("processes", 1))
-            size = max(1, len(logs) // per)
-            for chunk in (logs[i:i + size] for i in range(0, len(logs), size)):
-                if len(chunk) > 2:
-                    mean = statistics.fmean(chunk)
-                    squares.setdefault(case, []).extend((x - mean) ** 2 * len(chunk) / (len(chunk) - 1) for x in chunk)
-    return {case: math.sqrt(statistics.fmean(v)) for case, v in squares.items() if v}
-
-
-def rounds_for(change_pct: float, sd: float) -> int:
-    """Rounds of a paired live compare that find a step of ``change_pct`` percent with 90% power
-    (one-sided, alpha 5%), given the per-round scatter ``sd`` of ln(B / A)."""
-    d = math.log1p(abs(change_pct) / 100)
-    z = float(scipy_stats.norm.ppf(1 - ALPHA) + scipy_stats.norm.ppf(POWER))
-    return max(MIN_ROUNDS, math.ceil((z * sd / d) ** 2 / WILCOXON_EFFICIENCY))
-
-
-def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noise: dict[str, float]
-            ) -> tuple[str, int | None, str]:
-    """(command, rounds, note) that confirms a step of ``metric`` at ``commit`` live."""
-    case = case_of(metric)
-    if metric.startswith("Accuracy."):
-        command = (f"for r in {parent} {commit}; do git worktree add -f /tmp/mrcnn-$r $r && "
-                   f"PYTHONPATH=/tmp/mrcnn-$r:bench python -m mrcnn_bench.fixed_accuracy evaluate /tmp/mrcnn-$r.json; "
-                   "done  # 1 - AP of the fixed checkpoint with each commit's inference: exact")
-        return command, None, ""
-    if metric.startswith("Compiles."):
-        return (f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {MIN_ROUNDS}", None,
-                "live and interleaved; compile counts are exact, so one run shows them")
-    sd = noise.get(case)
-    if sd is None or change_pct is None or change_pct == 0:
-        rounds, note = 100, "no A/A study of this case to size the rounds: 100 is a guess"
-    else:
-        rounds = rounds_for(change_pct, sd)
-        note = (f"live and interleaved; from the A/A study's per-round scatter of ln(case / ruler), {sd:.3f}: "
-                f"rounds for 90% power against a {abs(change_pct):.1f}% step, process levels aside")
-    return f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {rounds}", rounds, note
 
 
 def git_commit(repo: Path, commit: str) -> tuple[str, str, str]:
@@ -209,11 +148,17 @@ def regressions(
         if p.direction != "regression":
             continue
         full, parent, subject = git_commit(repo, p.commit)
+        # The last commit measured before this one: where the machine skipped commits that change the
+        # library, the step lies anywhere after it, so that is what the live compare starts from.
+        previous, unmeasured = history_series.skipped_before(repo, series, p.metric, p.index)
+        if unmeasured:
+            parent = git_commit(repo, previous)[0]
         before, after = levels([q for q in points if q.metric == p.metric], series[p.metric][1], p)
         moved = moved_with(p, stage_points, position)
         command, rounds, note = confirm(p.metric, parent[:8], full[:8], p.change_pct, noise)
         out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
-                              graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note))
+                              graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note,
+                              unmeasured))
     return points, out
 
 
@@ -246,11 +191,32 @@ def markdown(entries: Sequence[Regression]) -> str:
         ]
         if e.url:
             lines.append(f"- Graph: <{e.url}>")
-        lines += ["- Confirm (the parent first):", "", "  ```bash", f"  {e.command}", "  ```"]
+        if e.unmeasured:
+            lines.append(f"- {_md(unmeasured_text(e))}")
+        if is_control(p.metric):
+            lines.append(f"- {_md(CONTROL_TEXT)}")
+        first = "the last commit measured before it" if e.unmeasured else "the parent"
+        lines += [f"- Confirm ({first} first):", "", "  ```bash", f"  {e.command}", "  ```"]
         if e.rounds_note:
             lines.append(f"  Rounds: {e.rounds_note}.")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
+
+
+CONTROL_TEXT = ("Control: torchvision's own model, which no commit here changes; a step in it is the "
+                "measurement's or the machine's, not the code's")
+
+
+def is_control(metric: str) -> bool:
+    """Whether ``metric`` times torchvision's model (a case named ``torchvision/...``)."""
+    return case_of(metric).startswith("torchvision/")
+
+
+def unmeasured_text(e: Regression) -> str:
+    """What a block says when its machine skipped commits before the step."""
+    return (f"Not measured on this machine: the {e.unmeasured} commit(s) that change the library between "
+            f"{e.parent[:8]} and {e.commit[:8]}; the step is somewhere in {e.parent[:8]}..{e.commit[:8]}: "
+            "confirm it over the whole range, then bisect it (asv find)")
 
 
 def _md(text: str) -> str:
@@ -312,7 +278,9 @@ def page(sections: Sequence[Section]) -> str:
                 f"{html.escape(e.commit[:8])}{link}</h3><ul>"
                 f"<li>Commit <code>{html.escape(e.commit)}</code>: {html.escape(e.subject)}</li>"
                 f"<li>Before: {html.escape(e.before.text())}</li><li>After: {html.escape(e.after.text())}</li>"
-                f"<li>Stages that stepped with it: {html.escape(stages)}</li></ul>"
+                f"<li>Stages that stepped with it: {html.escape(stages)}</li>"
+                + (f"<li>{html.escape(unmeasured_text(e))}</li>" if e.unmeasured else "")
+                + (f"<li>{html.escape(CONTROL_TEXT)}</li>" if is_control(e.point.metric) else "") + "</ul>"
                 f"<pre>{html.escape(e.command)}</pre><p>{html.escape(e.rounds_note)}</p>"
             )
     parts.append("</body></html>\n")
@@ -331,9 +299,10 @@ class Section:
     error: str = ""
 
 
-def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, float], dashboard: str,
-             html_dir: Path | None, only: str | None = None) -> list[Section]:
-    """A :class:`Section` for each line and each machine (``only``, when given) with enough of its commits."""
+def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str | None, dict[str, float]],
+             dashboard: str, html_dir: Path | None, only: str | None = None) -> list[Section]:
+    """A :class:`Section` for each line and each machine (``only``, when given) with enough of its commits;
+    ``noise``: :func:`noise_by_machine`."""
     suite_path = results / "benchmarks.json"
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
     flagged = asv_regressions.flags(html_dir) if html_dir and (html_dir / "regressions.json").is_file() else []
@@ -350,7 +319,8 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str, 
             if count < changepoints.MIN_POINTS or only not in (None, machine):
                 continue
             try:
-                points, found = regressions(line, revs, machine, results, repo, noise, dashboard, suite)
+                points, found = regressions(line, revs, machine, results, repo,
+                                            noise.get(machine, noise.get(None, {})), dashboard, suite)
             except ValueError as e:
                 out.append(Section(line, machine, error=str(e)))
                 continue
@@ -364,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.regression_report", description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository")
-    parser.add_argument("--noise", type=Path, default=None, help="an A/A study's folder (run_*.json): sizes the rounds")
+    parser.add_argument("--noise", action="append", default=[], metavar="[MACHINE=]DIR",
+                        help="an A/A study's folder (run_*.json): sizes the rounds; MACHINE= for one machine's "
+                             "blocks (repeatable)")
     parser.add_argument("--line", action="append", default=[], metavar="NAME=REVS",
                         help="a line of commits (repeatable; default: "
                              + ", ".join(f"{k}={v}" for k, v in DEFAULT_LINES.items()) + ")")
@@ -377,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         lines = dict(_pair(text) for text in args.line) or DEFAULT_LINES
-        found = sections(lines, args.results, args.repo, round_noise(args.noise), args.dashboard, args.html_dir,
+        found = sections(lines, args.results, args.repo, noise_by_machine(args.noise), args.dashboard, args.html_dir,
                          args.machine)
     except ValueError as e:
         print(f"regression_report: {e}", file=sys.stderr)

@@ -9,7 +9,9 @@ commits) or, with ``--series``, plain series from a CSV file (``commit``, ``valu
 ``metric``: :func:`mrcnn_bench.history_series.read_csv`), and finds each metric's change points
 with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series. ``--stages``
 reads the stage ratios instead (``Stages.track_ratio``: each stage of a case over the ruler's same
-stage): where in the model a level moved, including steps too small to move the whole call.
+stage): where in the model a level moved, including steps too small to move the whole call. A
+change point whose machine did not measure some commits that change the library before it gets a
+line under the table: the step lies anywhere after the last commit measured.
 
 Prints a table; with ``--json`` only a JSON list on stdout (the table goes to stderr), one object
 per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``after``,
@@ -88,10 +90,25 @@ def table(points: list[ChangePoint], where: str) -> str:
     return "\n".join([head, "", *rows])
 
 
+def skipped(points: list[ChangePoint], series: history_series.Series, repo: Path) -> list[str]:
+    """A line for each change point whose machine skipped commits that change the library before it:
+    the step lies somewhere after the last commit measured, not necessarily at the one named."""
+    out = []
+    for p in points:
+        previous, n = history_series.skipped_before(repo, series, p.metric, p.index)
+        if n:
+            out.append(f"- {p.metric} at {p.commit}: {n} commit(s) that change the library since {previous} were "
+                       f"not measured on this machine; the step lies in {previous}..{p.commit}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     series, where = read(args)
     points = changepoints.find(series)
     text = table(points, where)
+    notes = [] if args.series is not None else skipped(points, series, args.repo)
+    if notes:
+        text += "\n\nafter commits this machine did not measure:\n" + "\n".join(notes)
     if args.json:
         print(text, file=sys.stderr)
         print(json.dumps([p.to_dict() for p in points], indent=1))

@@ -1,9 +1,9 @@
-"""The regression report: levels with intervals, the stages that moved, the confirm command's
-rounds, escaping, and the report of main's own history."""
+"""The regression report: levels with intervals, the stages that moved, steps after unmeasured
+commits, escaping, and the report of main's own history."""
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 import os
 import subprocess
@@ -16,7 +16,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import changepoints  # noqa: E402
+from mrcnn_bench import changepoints, history_series  # noqa: E402
 from mrcnn_bench import regression_report as report  # noqa: E402
 from mrcnn_bench.changepoints import ChangePoint  # noqa: E402
 
@@ -56,42 +56,25 @@ def test_only_stages_that_stepped_the_same_way_within_one_commit_are_named():
     assert report.moved_with(point("x", "unknown", 0, 3.0), stages, position) == []
 
 
-def test_rounds_give_90_percent_power_for_the_step_and_the_noise():
-    z = stats.norm.ppf(0.95) + stats.norm.ppf(0.90)
-    assert report.rounds_for(3.0, 0.08) == math.ceil((z * 0.08 / math.log(1.03)) ** 2 / 0.955)
-    assert report.rounds_for(5.0, 0.08) < report.rounds_for(3.0, 0.08) < report.rounds_for(3.0, 0.12)
-    assert report.rounds_for(50.0, 0.01) == report.MIN_ROUNDS
-    # By simulation: that many paired normal rounds find a 3% step about 90% of the time.
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    n = report.rounds_for(3.0, 0.08)
-    found = sum(stats.wilcoxon(rng.normal(math.log(1.03), 0.08, n), alternative="greater").pvalue < 0.05
-                for _ in range(400))
-    assert 0.85 <= found / 400 <= 0.95
+def test_an_unreadable_a_a_study_is_exit_2(tmp_path):
+    assert report.main(["--noise", str(tmp_path / "none"), "--md", str(tmp_path / "r.md")]) == 2
+    assert not (tmp_path / "r.md").exists()
 
 
-def test_round_noise_is_the_scatter_within_each_process(tmp_path):
-    # Two processes of 20 rounds whose levels differ by 10%: the level is not round noise.
-    logs = [0.05 * (-1) ** i for i in range(20)]
-    ratios = [math.exp(x) for x in logs] + [1.1 * math.exp(x) for x in logs]
-    record = {"case_s": ratios, "ruler_s": [1.0] * 40, "processes": 2}
-    (tmp_path / "run_1.json").write_text(json.dumps({"timing": {"static/eager": {"record": record}}}))
-    sd = report.round_noise(tmp_path)["static/eager"]
-    assert sd == pytest.approx(0.05 * math.sqrt(20 / 19), rel=1e-6)
-    assert report.round_noise(tmp_path / "none") == {} and report.round_noise(None) == {}
-
-
-def test_confirm_commands_by_kind_of_metric():
-    command, rounds, note = report.confirm("Latency.track_ratio(static/xla)", "aaaa", "bbbb", 5.0, {"static/xla": 0.1})
-    assert command == f"mrcnn-bench compare aaaa bbbb --cases static/xla --threshold 0 --rounds {rounds}"
-    assert rounds == report.rounds_for(5.0, 0.1) and "0.100" in note
-    command, rounds, _ = report.confirm("Compiles.track_count(static/xla, xla_compiles)", "a", "b", None, {})
-    assert "--cases static/xla" in command and rounds is None
-    command, _, _ = report.confirm("Accuracy.track_box_error", "a", "b", 1.0, {})
-    assert "fixed_accuracy evaluate" in command
-    _, rounds, note = report.confirm("Latency.track_ratio(static/eager)", "a", "b", 3.0, {})
-    assert rounds == 100 and "guess" in note
+def test_a_step_after_unmeasured_commits_names_the_range_to_confirm_and_bisect():
+    level = report.Level(1.0, 0.9, 1.1, 3)
+    entry = report.Regression("main", "m", point("Latency.track_ratio(static/eager)", "bbbb2222", 5, 4.0),
+                              "bbbb2222" * 5, "aaaa1111" * 5, "subject", level, level, [], "", "cmd", unmeasured=3)
+    text = report.markdown([entry])
+    assert r"the 3 commit\(s\) that change the library between aaaa1111 and bbbb2222" in text
+    assert r"aaaa1111\.\.bbbb2222" in text and "Confirm (the last commit measured before it first)" in text
+    assert "aaaa1111..bbbb2222" in report.page([report.Section("main", "m", [entry.point], [entry])])
+    plain = report.markdown([dataclasses.replace(entry, unmeasured=0)])
+    assert "Not measured" not in plain and "Confirm (the parent first)" in plain
+    assert "Control" not in text
+    control = dataclasses.replace(entry, point=point("Latency.track_ratio(torchvision/eager)", "bbbb2222", 5, 2.0))
+    assert "Control: torchvision" in report.markdown([control])
+    assert "Control: torchvision" in report.page([report.Section("main", "m", [control.point], [control])])
 
 
 def test_subjects_are_escaped_in_the_markdown_and_the_page():
@@ -130,6 +113,15 @@ def test_the_report_of_mains_history_names_its_parent_and_the_graph(tmp_path):
     assert "at 5505aa86" in text and "for r in 2d58bc49 5505aa86" in text
     assert "<https://example.invalid/index.html#benchmarks.Accuracy.track_box_error?" in text
     assert "amd-epyc-f25m17-2c-fx021d390f" in page.read_text()
+
+
+@pytest.mark.skipif(not _main_has_history(), reason="needs main's git history (a full clone)")
+def test_unmeasured_commits_are_those_that_change_the_library_in_between():
+    # 25ad72d, 2d58bc4 (gates only), 5505aa8 (the masking, in mrcnn/), 8540fa6.
+    assert history_series.unmeasured_between(ROOT, "25ad72d0", "8540fa65") == 1  # 5505aa86
+    assert history_series.unmeasured_between(ROOT, "5505aa86", "8540fa65") == 0
+    assert history_series.unmeasured_between(ROOT, "25ad72d0", "5505aa86") == 0  # commits between leave mrcnn/ alone
+    assert history_series.unmeasured_between(ROOT, "not-a-commit", "8540fa65") == 0
 
 
 def test_the_dashboard_links_the_page_once(tmp_path):
