@@ -157,6 +157,8 @@ def unmeasured_between(repo: Path, older: str, newer: str) -> int:
 
 def skipped_before(repo: Path, series: Series, point_metric: str, index: int) -> tuple[str, int]:
     """(the commit measured before point ``index`` of ``point_metric``'s series, how many commits that
-    change the library lie between them unmeasured)."""
+    change the library lie between them unmeasured); ("", 0) for the first point, which has none."""
+    if index < 1:  # a change point never starts a series; [index - 1] would wrap to its end
+        return "", 0
     previous = series[point_metric][0][index - 1]
     return previous, unmeasured_between(repo, previous, series[point_metric][0][index])
