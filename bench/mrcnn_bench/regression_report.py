@@ -130,9 +130,10 @@ def branch_of(line: str) -> str:
 def regressions(
     line: str, revs: str, machine: str, results: Path, repo: Path, noise: dict[str, float],
     dashboard: str = "", suite: dict | None = None,
-) -> tuple[list[ChangePoint], list[Regression]]:
-    """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), and
-    a :class:`Regression` for each that is one."""
+) -> tuple[list[ChangePoint], list[Regression], dict[tuple[str, int], tuple[str, int]]]:
+    """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), a
+    :class:`Regression` for each that is one, and the gaps: (metric, index) -> (the last commit
+    measured before it, how many commits that change the library it skipped), for those that skipped."""
     commits = asv_results_table.line_of_commits(repo, revs)
     series, _ = history_series.read_asv(results, machine, commits)
     points = changepoints.find(series)
@@ -143,14 +144,15 @@ def regressions(
     stage_points = changepoints.find(stage_series) if stage_series else []
     position = {c[:8]: i for i, c in enumerate(commits)}
     branch = branch_of(line)
+    # The last commit measured before each point: where the machine skipped commits that change the
+    # library, the step lies anywhere after it, so that is what a live compare starts from.
+    gaps = {(p.metric, p.index): history_series.skipped_before(repo, series, p.metric, p.index) for p in points}
     out = []
     for p in points:
         if p.direction != "regression":
             continue
         full, parent, subject = git_commit(repo, p.commit)
-        # The last commit measured before this one: where the machine skipped commits that change the
-        # library, the step lies anywhere after it, so that is what the live compare starts from.
-        previous, unmeasured = history_series.skipped_before(repo, series, p.metric, p.index)
+        previous, unmeasured = gaps[(p.metric, p.index)]
         if unmeasured:
             parent = git_commit(repo, previous)[0]
         before, after = levels([q for q in points if q.metric == p.metric], series[p.metric][1], p)
@@ -159,7 +161,7 @@ def regressions(
         out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
                               graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note,
                               unmeasured))
-    return points, out
+    return points, out, {k: v for k, v in gaps.items() if v[1]}
 
 
 def moved_with(point: ChangePoint, stage_points: Sequence[ChangePoint], position: dict[str, int]) -> list[ChangePoint]:
@@ -213,10 +215,16 @@ def is_control(metric: str) -> bool:
 
 
 def unmeasured_text(e: Regression) -> str:
-    """What a block says when its machine skipped commits before the step."""
-    return (f"Not measured on this machine: the {e.unmeasured} commit(s) that change the library between "
-            f"{e.parent[:8]} and {e.commit[:8]}; the step is somewhere in {e.parent[:8]}..{e.commit[:8]}: "
+    """What a block says when its machine has no value for some commits before the step."""
+    return (f"No value on this machine (not measured, or failed) for the {e.unmeasured} commit(s) that change "
+            f"the library between {e.parent[:8]} and {e.commit[:8]}; the step is somewhere in "
+            f"{e.parent[:8]}..{e.commit[:8]}: "
             "confirm it over the whole range, then bisect it (asv find)")
+
+
+def gap_text(previous: str, n: int, commit: str) -> str:
+    """The page's note on a change point whose machine skipped ``n`` commits since ``previous``."""
+    return f"{n} since {previous[:8]}: the step lies in {previous[:8]}..{commit[:8]}"
 
 
 def _md(text: str) -> str:
@@ -258,10 +266,12 @@ def page(sections: Sequence[Section]) -> str:
             parts.append(f"<p>{html.escape(s.error)}</p>")
             continue
         rows = [(p.metric, p.commit, p.index, f"{p.before:.4g}", f"{p.after:.4g}",
-                 "-" if p.change_pct is None else f"{p.change_pct:+.2f}%", f"{p.p_value:.2g}", p.direction)
+                 "-" if p.change_pct is None else f"{p.change_pct:+.2f}%", f"{p.p_value:.2g}", p.direction,
+                 gap_text(*s.gaps[(p.metric, p.index)], p.commit) if (p.metric, p.index) in s.gaps else "")
                 for p in s.points]
         parts.append("<h3>Change points (mrcnn-bench steps)</h3>")
-        parts.append(_table(("metric", "commit", "index", "before", "after", "change", "p", "direction"), rows,
+        parts.append(_table(("metric", "commit", "index", "before", "after", "change", "p", "direction",
+                             "after commits with no value here"), rows,
                             [p.direction for p in s.points]) if rows else "<p>None.</p>")
         parts.append("<h3>asv's flags</h3>")
         flags = [(f["benchmark"], str(f["commit"])[:8], f"{f['before']:.4g}", f"{f['after']:.4g}")
@@ -297,6 +307,7 @@ class Section:
     regressions: list[Regression] = field(default_factory=list)
     flags: list[dict] = field(default_factory=list)
     error: str = ""
+    gaps: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # see :func:`regressions`
 
 
 def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str | None, dict[str, float]],
@@ -319,14 +330,14 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
             if count < changepoints.MIN_POINTS or only not in (None, machine):
                 continue
             try:
-                points, found = regressions(line, revs, machine, results, repo,
+                points, found, gaps = regressions(line, revs, machine, results, repo,
                                             noise.get(machine, noise.get(None, {})), dashboard, suite)
             except ValueError as e:
                 out.append(Section(line, machine, error=str(e)))
                 continue
             mine = [f for f in flagged if f["machine"] == machine and f["branch"] == branch
                     and str(f["commit"])[:8] in {c[:8] for c in commits}]
-            out.append(Section(line, machine, points, found, mine))
+            out.append(Section(line, machine, points, found, mine, gaps=gaps))
     return out
 
 

@@ -91,14 +91,15 @@ def table(points: list[ChangePoint], where: str) -> str:
 
 
 def skipped(points: list[ChangePoint], series: history_series.Series, repo: Path) -> list[str]:
-    """A line for each change point whose machine skipped commits that change the library before it:
-    the step lies somewhere after the last commit measured, not necessarily at the one named."""
+    """A line for each change point whose machine has no value for some commits that change the library
+    before it (not measured there, or their run failed): the step lies somewhere after the last commit
+    with a value, not necessarily at the one named."""
     out = []
     for p in points:
         previous, n = history_series.skipped_before(repo, series, p.metric, p.index)
         if n:
-            out.append(f"- {p.metric} at {p.commit}: {n} commit(s) that change the library since {previous} were "
-                       f"not measured on this machine; the step lies in {previous}..{p.commit}")
+            out.append(f"- {p.metric} at {p.commit}: {n} commit(s) that change the library since {previous} have "
+                       f"no value on this machine (not measured, or failed); the step lies in {previous}..{p.commit}")
     return out
 
 
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     text = table(points, where)
     notes = [] if args.series is not None else skipped(points, series, args.repo)
     if notes:
-        text += "\n\nafter commits this machine did not measure:\n" + "\n".join(notes)
+        text += "\n\nafter commits with no value on this machine:\n" + "\n".join(notes)
     if args.json:
         print(text, file=sys.stderr)
         print(json.dumps([p.to_dict() for p in points], indent=1))

@@ -70,11 +70,16 @@ def test_a_step_after_unmeasured_commits_names_the_range_to_confirm_and_bisect()
     assert r"aaaa1111\.\.bbbb2222" in text and "Confirm (the last commit measured before it first)" in text
     assert "aaaa1111..bbbb2222" in report.page([report.Section("main", "m", [entry.point], [entry])])
     plain = report.markdown([dataclasses.replace(entry, unmeasured=0)])
-    assert "Not measured" not in plain and "Confirm (the parent first)" in plain
+    assert "No value" not in plain and "Confirm (the parent first)" in plain
     assert "Control" not in text
     control = dataclasses.replace(entry, point=point("Latency.track_ratio(torchvision/eager)", "bbbb2222", 5, 2.0))
     assert "Control: torchvision" in report.markdown([control])
     assert "Control: torchvision" in report.page([report.Section("main", "m", [control.point], [control])])
+    # An improvement has no block: the page's table of change points carries its gap instead.
+    better = point("Training.track_ratio(static/train)", "cccc3333", 7, -9.0, "improvement")
+    gap = report.page([report.Section("main", "m", [better], [], gaps={(better.metric, 7): ("aaaa1111" * 5, 21)})])
+    assert "<td>21 since aaaa1111: the step lies in aaaa1111..cccc3333</td>" in gap
+    assert "since" not in report.page([report.Section("main", "m", [better], [])]).split("<table>")[1]
 
 
 def test_subjects_are_escaped_in_the_markdown_and_the_page():

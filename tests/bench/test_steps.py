@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -141,21 +142,22 @@ def _main_has_history() -> bool:
 
 @pytest.mark.skipif(not _main_has_history(), reason="needs main's git history (a full clone)")
 def test_main_history_of_the_amd_machine(capsys):
-    """The committed asv results of main on the AMD host: the two-core RoIAlign and the one-output mask
-    pasting are found as improvements at their commits, and the step after the commits this machine
-    skipped is said to lie anywhere in them. (The machine is named: more than one host holds main's
-    history.)"""
+    """The committed asv results of main on the AMD host: the two-core RoIAlign, NHWC in eager and the
+    one-output mask pasting are found as improvements at their commits, and the XLA step after a commit
+    whose run failed is said to lie anywhere after the last commit with a value. (The machine is named:
+    more than one host holds main's history.)"""
     code, points, err = steps("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
                               "--machine", "amd-epyc-f25m17-2c-fx021d390f", capsys=capsys)  # fmt: skip
     assert code in (0, 1), err
-    assert "amd-epyc-f25m17-2c-fx021d390f, 32 commits of main" in err
+    assert int(re.search(r"amd-epyc-f25m17-2c-fx021d390f, (\d+) commits of main", err)[1]) >= 47
     found = {(p["metric"], p["commit"], p["direction"]) for p in points}
     assert ("Training.track_ratio(static/train)", "6cf654da", "improvement") in found
+    assert ("Latency.track_ratio(static/eager)", "ba6640b2", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "bb0b0b3d", "improvement") in found
-    # 2771079d is the last commit measured before 2bb09d77 in the training series: 21 commits that
-    # change mrcnn/ lie between them (measured on the Intel host only).
-    assert "- Training.track_ratio(static/train) at 2bb09d77: 21 commit(s) that change the library since " \
-           "2771079d were not measured" in err
+    # 353b871b cannot be compiled (dynamo rejects the `float | bool` annotation of a nested function,
+    # mended in ee5031db): its shared rounds failed, so static/xla has no value between 2a22ca09 and ee5031db.
+    assert "- Latency.track_ratio(static/xla) at ee5031db: 1 commit(s) that change the library since " \
+           "2a22ca09 have no value on this machine (not measured, or failed)" in err
     assert "at 6cf654da:" not in err  # its parent was measured
 
 
