@@ -331,7 +331,7 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
                 continue
             try:
                 points, found, gaps = regressions(line, revs, machine, results, repo,
-                                            noise.get(machine, noise.get(None, {})), dashboard, suite)
+                                                  noise.get(machine, noise.get(None, {})), dashboard, suite)
             except ValueError as e:
                 out.append(Section(line, machine, error=str(e)))
                 continue
