@@ -35,8 +35,13 @@ def round_noise(folder: Path | None) -> dict[str, float]:
     and runs; empty when there is no such study."""
     if folder is None or not folder.is_dir():
         return {}
+    return _pooled(sorted(folder.glob("run_*.json")))
+
+
+def _pooled(paths: Sequence[Path]) -> dict[str, float]:
+    """:func:`round_noise` over the study files ``paths``."""
     squares: dict[str, list[float]] = {}
-    for path in sorted(folder.glob("run_*.json")):
+    for path in paths:
         for case, part in json.loads(path.read_text()).get("timing", {}).items():
             record = part.get("record") or {}
             logs = [math.log(c / r) for c, r in zip(record.get("case_s", []), record.get("ruler_s", []), strict=True)]
@@ -55,11 +60,12 @@ def noise_by_machine(specs: Sequence[str]) -> dict[str | None, dict[str, float]]
     out: dict[str | None, dict[str, float]] = {}
     for spec in specs:
         machine, _, folder = spec.partition("=") if "=" in spec else (None, "", spec)
-        if not list(Path(folder).glob("run_*.json")):
+        paths = sorted(Path(folder).glob("run_*.json"))
+        if not paths:
             raise ValueError(f"--noise {spec}: no A/A study (run_*.json) in {folder}")
         if machine in out:
             raise ValueError(f"--noise {spec}: {machine or 'the default'} has an A/A study already")
-        out[machine or None] = round_noise(Path(folder))
+        out[machine or None] = _pooled(paths)
     return out
 
 

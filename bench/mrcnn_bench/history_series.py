@@ -156,9 +156,17 @@ def unmeasured_between(repo: Path, older: str, newer: str) -> int:
 
 
 def skipped_before(repo: Path, series: Series, point_metric: str, index: int) -> tuple[str, int]:
-    """(the commit measured before point ``index`` of ``point_metric``'s series, how many commits that
-    change the library lie between them unmeasured); ("", 0) for the first point, which has none."""
+    """(the commit with a value before point ``index`` of ``point_metric``'s series, how many commits
+    that change the library lie between them with none: not measured, or failed); ("", 0) for the
+    first point, which has none."""
     if index < 1:  # a change point never starts a series; [index - 1] would wrap to its end
         return "", 0
     previous = series[point_metric][0][index - 1]
     return previous, unmeasured_between(repo, previous, series[point_metric][0][index])
+
+
+def gaps(repo: Path, series: Series, points: Iterable) -> dict[tuple[str, int], tuple[str, int]]:
+    """(metric, index) -> :func:`skipped_before` for each change point of ``series`` (anything with
+    ``metric`` and ``index``) that has commits without a value before it; the others are left out."""
+    found = {(p.metric, p.index): skipped_before(repo, series, p.metric, p.index) for p in points}
+    return {key: gap for key, gap in found.items() if gap[1]}

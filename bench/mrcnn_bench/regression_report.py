@@ -11,12 +11,12 @@ in a held figure becomes a block: the commit and its subject, the metric, the le
 with 95% intervals (Student's t over the commits of each level), the stages whose ratio stepped
 within one commit of it in the same direction, the graph's address on the dashboard, and a command
 that confirms it live (the commit against its parent, interleaved:
-:mod:`mrcnn_bench.confirm_command`; against the last commit measured where the machine skipped
-commits that change the library, which the block counts). A step in a ``torchvision/`` case, the
-control, is marked so. ``--md`` writes the blocks as markdown; ``--html`` writes a page of the
-dashboard with the same blocks and, beside each line's change points, the steps asv's own detection
-flagged (read from the published ``regressions.json`` when it is there). Every text that comes from
-git or from a file is escaped.
+:mod:`mrcnn_bench.confirm_command`; against the last commit with a value where the machine has none
+for commits that change the library, not measured or failed, which the block counts). A step in a
+``torchvision/`` case, the control, is marked so. ``--md`` writes the blocks as markdown;
+``--html`` writes a page of the dashboard with the same blocks and, beside each line's change
+points, the steps asv's own detection flagged (read from the published ``regressions.json`` when it
+is there). Every text that comes from git or from a file is escaped.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ class Regression:
     command: str = ""
     rounds: int | None = None
     rounds_note: str = ""
-    unmeasured: int = 0  # commits between ``parent`` (then the last one measured) and this one that change the library
+    # Commits that change the library with no value between ``parent`` (then the last with one) and this.
+    unmeasured: int = 0
 
 
 def level(values: Sequence[float]) -> Level:
@@ -132,8 +133,7 @@ def regressions(
     dashboard: str = "", suite: dict | None = None,
 ) -> tuple[list[ChangePoint], list[Regression], dict[tuple[str, int], tuple[str, int]]]:
     """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), a
-    :class:`Regression` for each that is one, and the gaps: (metric, index) -> (the last commit
-    measured before it, how many commits that change the library it skipped), for those that skipped."""
+    :class:`Regression` for each that is one, and the gaps (:func:`history_series.gaps`)."""
     commits = asv_results_table.line_of_commits(repo, revs)
     series, _ = history_series.read_asv(results, machine, commits)
     points = changepoints.find(series)
@@ -144,15 +144,15 @@ def regressions(
     stage_points = changepoints.find(stage_series) if stage_series else []
     position = {c[:8]: i for i, c in enumerate(commits)}
     branch = branch_of(line)
-    # The last commit measured before each point: where the machine skipped commits that change the
-    # library, the step lies anywhere after it, so that is what a live compare starts from.
-    gaps = {(p.metric, p.index): history_series.skipped_before(repo, series, p.metric, p.index) for p in points}
+    # Where the machine has no value for commits that change the library before a point, the step lies
+    # anywhere after the last commit with one, so that is what a live compare starts from.
+    gaps = history_series.gaps(repo, series, points)
     out = []
     for p in points:
         if p.direction != "regression":
             continue
         full, parent, subject = git_commit(repo, p.commit)
-        previous, unmeasured = gaps[(p.metric, p.index)]
+        previous, unmeasured = gaps.get((p.metric, p.index), ("", 0))
         if unmeasured:
             parent = git_commit(repo, previous)[0]
         before, after = levels([q for q in points if q.metric == p.metric], series[p.metric][1], p)
@@ -161,7 +161,7 @@ def regressions(
         out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
                               graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note,
                               unmeasured))
-    return points, out, {k: v for k, v in gaps.items() if v[1]}
+    return points, out, gaps
 
 
 def moved_with(point: ChangePoint, stage_points: Sequence[ChangePoint], position: dict[str, int]) -> list[ChangePoint]:
@@ -223,7 +223,7 @@ def unmeasured_text(e: Regression) -> str:
 
 
 def gap_text(previous: str, n: int, commit: str) -> str:
-    """The page's note on a change point whose machine skipped ``n`` commits since ``previous``."""
+    """The page's note on a change point whose machine has no value for ``n`` commits since ``previous``."""
     return f"{n} since {previous[:8]}: the step lies in {previous[:8]}..{commit[:8]}"
 
 

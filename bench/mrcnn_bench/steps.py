@@ -10,8 +10,9 @@ commits) or, with ``--series``, plain series from a CSV file (``commit``, ``valu
 with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series. ``--stages``
 reads the stage ratios instead (``Stages.track_ratio``: each stage of a case over the ruler's same
 stage): where in the model a level moved, including steps too small to move the whole call. A
-change point whose machine did not measure some commits that change the library before it gets a
-line under the table: the step lies anywhere after the last commit measured.
+change point whose machine has no value for some commits that change the library before it (not
+measured there, or failed) gets a line under the table: the step lies anywhere after the last
+commit with a value.
 
 Prints a table; with ``--json`` only a JSON list on stdout (the table goes to stderr), one object
 per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``after``,
@@ -94,10 +95,11 @@ def skipped(points: list[ChangePoint], series: history_series.Series, repo: Path
     """A line for each change point whose machine has no value for some commits that change the library
     before it (not measured there, or their run failed): the step lies somewhere after the last commit
     with a value, not necessarily at the one named."""
+    found = history_series.gaps(repo, series, points)
     out = []
     for p in points:
-        previous, n = history_series.skipped_before(repo, series, p.metric, p.index)
-        if n:
+        if (p.metric, p.index) in found:
+            previous, n = found[(p.metric, p.index)]
             out.append(f"- {p.metric} at {p.commit}: {n} commit(s) that change the library since {previous} have "
                        f"no value on this machine (not measured, or failed); the step lies in {previous}..{p.commit}")
     return out
