@@ -143,22 +143,25 @@ def _main_has_history() -> bool:
 @pytest.mark.skipif(not _main_has_history(), reason="needs main's git history (a full clone)")
 def test_main_history_of_the_amd_machine(capsys):
     """The committed asv results of main on the AMD host: the two-core RoIAlign, NHWC in eager and the
-    one-output mask pasting are found as improvements at their commits, and the XLA step after a commit
-    whose run failed is said to lie anywhere after the last commit with a value. (The machine is named:
-    more than one host holds main's history.)"""
-    code, points, err = steps("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
-                              "--machine", "amd-epyc-f25m17-2c-fx021d390f", capsys=capsys)  # fmt: skip
+    one-output mask pasting are found as improvements at their commits, the RoIAlign in the stages that
+    run it. (The machine is named: more than one host holds main's history.)"""
+    machine = ("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
+               "--machine", "amd-epyc-f25m17-2c-fx021d390f")  # fmt: skip
+    code, points, err = steps(*machine, capsys=capsys)
     assert code in (0, 1), err
-    assert int(re.search(r"amd-epyc-f25m17-2c-fx021d390f, (\d+) commits of main", err)[1]) >= 47
+    assert int(re.search(r"amd-epyc-f25m17-2c-fx021d390f, (\d+) commits of main", err)[1]) >= 53
     found = {(p["metric"], p["commit"], p["direction"]) for p in points}
+    for case in ("static/eager", "static/xla", "static/inductor"):
+        assert (f"Latency.track_ratio({case})", "6cf654da", "improvement") in found
     assert ("Training.track_ratio(static/train)", "6cf654da", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "ba6640b2", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "bb0b0b3d", "improvement") in found
-    # 353b871b cannot be compiled (dynamo rejects the `float | bool` annotation of a nested function,
-    # mended in ee5031db): its shared rounds failed, so static/xla has no value between 2a22ca09 and ee5031db.
-    assert "- Latency.track_ratio(static/xla) at ee5031db: 1 commit(s) that change the library since " \
-           "2a22ca09 have no value on this machine (not measured, or failed)" in err
     assert "at 6cf654da:" not in err  # its parent was measured
+    code, points, err = steps(*machine, "--stages", capsys=capsys)
+    assert code in (0, 1), err
+    stepped = {p["metric"] for p in points if p["commit"] == "6cf654da"}
+    assert "Stages.track_ratio(static/eager, roi_rest)" in stepped  # RoIAlign runs in roi_rest
+    assert "Stages.track_ratio(static/eager, backbone)" not in stepped
 
 
 def test_a_count_rising_from_zero_is_a_regression_without_a_percentage(tmp_path, capsys):
