@@ -145,9 +145,9 @@ def test_main_history_of_the_amd_machine(capsys):
     """The committed asv results of main on the AMD host: the two-core RoIAlign, NHWC in eager and the
     one-output mask pasting are found as improvements at their commits, the RoIAlign in the stages that
     run it. (The machine is named: more than one host holds main's history.)"""
-    machine = ("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
+    history = ("--results", str(REPO / "results" / "asv"), "--repo", str(REPO), "--json",
                "--machine", "amd-epyc-f25m17-2c-fx021d390f")  # fmt: skip
-    code, points, err = steps(*machine, capsys=capsys)
+    code, points, err = steps(*history, capsys=capsys)
     assert code in (0, 1), err
     assert int(re.search(r"amd-epyc-f25m17-2c-fx021d390f, (\d+) commits of main", err)[1]) >= 53
     found = {(p["metric"], p["commit"], p["direction"]) for p in points}
@@ -157,7 +157,7 @@ def test_main_history_of_the_amd_machine(capsys):
     assert ("Latency.track_ratio(static/eager)", "ba6640b2", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "bb0b0b3d", "improvement") in found
     assert "at 6cf654da:" not in err  # its parent was measured
-    code, points, err = steps(*machine, "--stages", capsys=capsys)
+    code, points, err = steps(*history, "--stages", capsys=capsys)
     assert code in (0, 1), err
     stepped = {p["metric"] for p in points if p["commit"] == "6cf654da"}
     assert "Stages.track_ratio(static/eager, roi_rest)" in stepped  # RoIAlign runs in roi_rest
