@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Is the shared rounds' noise worse than the per-case way's, on one VM in one sitting? Both ways
+# Is the shared rounds' noise worse than the per-case way's, on one VM on the same day? Both ways
 # measure the same model (REF's mrcnn) in alternating A/A runs, so the VM's noise of the day is
 # the same for both and a difference is the way's.
 #
