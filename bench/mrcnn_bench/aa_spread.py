@@ -23,7 +23,7 @@ import pandas as pd
 
 from mrcnn.progress import progress
 from mrcnn_bench import timing
-from mrcnn_bench.history import COUNTERS, SHARED_PROCESSES, measure_commit
+from mrcnn_bench.history import COMPILED_FROM, COUNTERS, SHARED_PROCESSES, measure_commit
 
 # Per-case figures of the timing record: (column, record key).
 FIGURES = (
@@ -95,13 +95,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
     parser.add_argument("--processes", type=int, default=SHARED_PROCESSES,
                         help=f"shared-rounds processes per run, pooled (default: the suite's, {SHARED_PROCESSES})")
+    parser.add_argument("--compiled-from", type=int, default=COMPILED_FROM,
+                        help="the first shared process that times inductor; 0 is the one that ran its compile "
+                             f"probe (default: the suite's, {COMPILED_FROM})")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):
         path = args.out / f"run_{k}.json"
         if not path.exists():
             with timing.Stopwatch() as wall:
-                record = measure_commit(processes=args.processes).to_dict()
+                record = measure_commit(processes=args.processes, compiled_from=args.compiled_from).to_dict()
             path.write_text(json.dumps({**record, "wall_s": wall.seconds}, indent=1))
     print(summarise(args.out).to_string())
     return 0

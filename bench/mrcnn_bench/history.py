@@ -9,9 +9,8 @@ asv installed the commit into:
   processes' median ratios). The first process runs the compile probe of each compiled case before
   it builds anything (the backends' own counters, and the case's cold first call as its time to first
   result), and the memory and FLOP probes after its rounds. A compiled case with a compiler of its
-  own (inductor) is timed in the first :data:`COMPILED_PROCESSES` only: each process pays for
-  loading its compiled graphs, and its ratio varies less from process to process than the eager
-  ones' (results/asv/README.md, "Shared rounds");
+  own (inductor) is timed in :data:`COMPILED_PROCESSES` processes only, from :data:`COMPILED_FROM`
+  on: each process pays for loading its compiled graphs (results/asv/README.md, "Shared rounds");
 - each training case against the ruler's training step in one process (``python -m
   mrcnn_bench.interleaved``), after the first shared process;
 - the fixed checkpoint's AP with the commit's inference (``python -m mrcnn_bench.fixed_accuracy``).
@@ -45,6 +44,10 @@ _BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import
 PART_TIMEOUT_S = 900.0
 SHARED_PROCESSES = 4  # shared-rounds processes per commit
 COMPILED_PROCESSES = 2  # of them, those that also time the cases with a compiler (inductor)
+# The first of those: 0 is the process that ran their compile probe, 1 the next. Where the probe
+# ran, inductor's ratio draws a higher level of its own (results/asv/README.md, "Where the noise
+# comes from"); the history keeps 0 until a new series is measured with 1.
+COMPILED_FROM = 0
 SHARED_BUDGET_S = 16.0  # seconds of timed rounds per shared process
 TRAIN_BUDGET_S = 20.0  # seconds of timed rounds of each training case (one process)
 # Tracked compile counters: name shown in asv -> key of the compile probe's record. A case has the
@@ -119,29 +122,43 @@ def compiled(case: str) -> bool:
     return c.phase == "inference" and (c.backend == "xla" or c.compiler != "eager")
 
 
-def shared_plan(cases: Sequence[str], processes: int = SHARED_PROCESSES) -> list[list[str]]:
-    """The inference cases of each shared process: all of them in the first
-    :data:`COMPILED_PROCESSES`, the cases without a compiler of their own in every one."""
-    return [[c for c in cases if p < COMPILED_PROCESSES or CASES[c].compiler == "eager"] for p in range(processes)]
+def shared_plan(
+    cases: Sequence[str], processes: int = SHARED_PROCESSES, compiled_from: int = COMPILED_FROM
+) -> list[list[str]]:
+    """The inference cases of each shared process: the cases without a compiler of their own in
+    every one, those with one (inductor) in :data:`COMPILED_PROCESSES` processes from
+    ``compiled_from`` on (fewer where the processes end first)."""
+    if not 0 <= compiled_from < processes:
+        raise ValueError(f"compiled_from must be 0 to {processes - 1} with {processes} processes, got {compiled_from}")
+    own = range(compiled_from, min(processes, compiled_from + COMPILED_PROCESSES))
+    return [[c for c in cases if p in own or CASES[c].compiler == "eager"] for p in range(processes)]
 
 
 def measure_commit(
     cases: Sequence[str] = TRACKED, budget_s: float = SHARED_BUDGET_S, accuracy: bool = True,
-    processes: int = SHARED_PROCESSES, train_budget_s: float = TRAIN_BUDGET_S,
+    processes: int = SHARED_PROCESSES, train_budget_s: float = TRAIN_BUDGET_S, compiled_from: int = COMPILED_FROM,
 ) -> CommitRecord:
     """Measure the ``mrcnn`` this interpreter imports (a progress line per part on stderr).
 
-    ``budget_s``: seconds of timed rounds per shared process; ``processes``: how many of those.
+    ``budget_s``: seconds of timed rounds per shared process; ``processes``: how many of those;
+    ``compiled_from``: the first of them that times inductor (:func:`shared_plan`). The first
+    process runs the compile probe of every compiled case, timed there or not, and a compiled case's
+    time to first result is its probe's cold first call.
     """
     from mrcnn_bench.context import CONTEXT_CACHE_ENV  # context loads torch: asv imports this module to list the suite
 
     skipped = {c: Part(None, f"{c}: {r}", 0.0, skipped=True) for c in cases if (r := CASES[c].skip_reason())}
     inference = [c for c in cases if CASES[c].phase == "inference" and c not in skipped]
     training = [c for c in cases if CASES[c].phase == "training" and c not in skipped]
+    plan_cases = [names for names in shared_plan(inference, processes, compiled_from) if names]
+    probed = [c for c in inference if compiled(c)]
+    first_probes = ["--probes", "--compile-probe"]
+    if plan_cases and [c for c in plan_cases[0] if compiled(c)] != probed:
+        first_probes += ["--probe-cases", ",".join(probed)]
     shared = [
         ["mrcnn_bench.shared_rounds", "--cases", ",".join(names), "--budget-s", str(budget_s),
-         *(["--probes", "--compile-probe"] if p == 0 else [])]
-        for p, names in enumerate(shared_plan(inference, processes)) if names
+         *(first_probes if p == 0 else [])]
+        for p, names in enumerate(plan_cases)
     ]
     plan: list[tuple[str, list[str]]] = [("shared", a) for a in shared[:1]]
     plan += [("training", ["mrcnn_bench.interleaved", c, "--budget-s", str(train_budget_s)]) for c in training]
@@ -168,8 +185,12 @@ def measure_commit(
                 for name, case_part in split_shared(part, names).items():
                     timing.setdefault(name, []).append(case_part)
                 if "--compile-probe" in args:
-                    compiles.update(split_shared(part, [n for n in names if compiled(n)], "compiles"))
+                    compiles.update(split_shared(part, probed, "compiles"))
     pooled = {case: pooled_part(ps) for case, ps in timing.items()}
+    for case, probe in compiles.items():  # the cold first call, wherever the case was timed
+        first = (probe.record or {}).get("first_call_s")
+        if first is not None and case in pooled and pooled[case].record is not None:
+            pooled[case] = dataclasses.replace(pooled[case], record={**pooled[case].record, "first_result_s": first})
     return CommitRecord({**pooled, **skipped}, compiles, acc)
 
 

@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--probes", action="store_true", help="also peak memory and FLOPs per case (after the rounds)")
     parser.add_argument(
+        "--probe-cases", default=None,
+        help="with --compile-probe: the compiled cases to probe, timed here or not (default: those of --cases)",
+    )
+    parser.add_argument(
         "--compile-probe", action="store_true",
         help="first, before any case is built, the compile probe of each compiled case (its counters, and "
              "its first call as the case's time to first result)",
@@ -193,8 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
     try:
-        compiles = compile_probes(names) if args.compile_probe else {}
-        first = {n: r["first_call_s"] for n, r in compiles.items() if r.get("first_call_s") is not None}
+        probe_names = names if args.probe_cases is None else [
+            n.strip() for n in args.probe_cases.split(",") if n.strip()]
+        compiles = compile_probes(probe_names) if args.compile_probe else {}
+        first = {n: r["first_call_s"] for n, r in compiles.items() if r.get("first_call_s") is not None and n in names}
         records = measure_shared(names, args.rounds, args.threads, args.budget_s, args.probes, first)
     except (ValueError, NotImplementedError) as e:
         print(f"mrcnn_bench.shared_rounds: {e}", file=sys.stderr)

@@ -64,7 +64,9 @@ def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
         if args[0] == "mrcnn_bench.shared_rounds":
             names = args[2].split(",")
             probing = "--compile-probe" in args
-            compiles = {n: {"uncached_compile": 2} for n in names if probing and history.compiled(n)}
+            probed = args[args.index("--probe-cases") + 1].split(",") if "--probe-cases" in args else names
+            compiles = {n: {"uncached_compile": 2, "first_call_s": 50.0}
+                        for n in probed if probing and history.compiled(n)}
             timing = {n: _record(n, [1.0 + k / 100], {"backbone": 1.0} if n.endswith("eager") else None).to_dict()
                       for n in names}
             return history.Part({"timing": timing, "compiles": compiles}, None, 4.0 * len(names))
@@ -100,6 +102,31 @@ def test_a_commit_times_its_inference_cases_in_a_few_shared_processes(monkeypatc
     assert set(record.compiles) == {"static/xla", "static/inductor"}
     assert record.compiles["static/xla"].value("uncached_compile") == 2
     assert record.accuracy.value("box_ap") == 0.8
+
+
+def test_inductor_can_be_timed_away_from_the_process_that_probed_it(monkeypatch):
+    calls = _fake_runs(monkeypatch)
+    record = history.measure_commit(cases=INFERENCE, accuracy=False, processes=4, compiled_from=1)
+    shared = [c for c in calls if c[0] == "mrcnn_bench.shared_rounds"]
+    eager_only = "torchvision/eager,static/eager,static/xla"
+    assert [c[2] for c in shared] == [eager_only, ",".join(INFERENCE), ",".join(INFERENCE), eager_only]
+    # The first process still probes inductor (its counts, and the cold first call) without timing it.
+    assert shared[0][shared[0].index("--probe-cases") + 1] == "static/xla,static/inductor"
+    assert set(record.compiles) == {"static/xla", "static/inductor"}
+    inductor = record.timing["static/inductor"].record
+    assert inductor["processes"] == 2 and inductor["ratio_per_process"] == pytest.approx([1.02, 1.03])
+    assert inductor["first_result_s"] == 50.0  # the probe's, not the warm first call of process 2
+    # The suite's own plan is unchanged: no --probe-cases, inductor where it was probed.
+    calls.clear()
+    history.measure_commit(cases=INFERENCE, accuracy=False, processes=4)
+    assert not any("--probe-cases" in c for c in calls)
+    with pytest.raises(ValueError, match="compiled_from must be 0 to 3"):
+        history.shared_plan(list(INFERENCE), processes=4, compiled_from=4)
+    # Inductor alone, away from the first process: the first process that runs at all probes it.
+    calls.clear()
+    record = history.measure_commit(cases=("static/inductor",), accuracy=False, processes=4, compiled_from=1)
+    assert len(calls) == 2 and "--compile-probe" in calls[0] and "--probe-cases" not in calls[0]
+    assert record.compiles["static/inductor"].value("uncached_compile") == 2
 
 
 def test_a_failed_shared_process_fails_its_cases_and_never_gives_a_figure(monkeypatch):
