@@ -17,6 +17,8 @@ import argparse
 import math
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -66,29 +68,54 @@ def f_row(label: str, folder: Path, first: tuple[dict[str, float], int]) -> dict
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+@dataclass(frozen=True)
+class StudyArgs:
+    """The ``LABEL=DIR ... [--out FILE.md]`` arguments of a table over A/A studies."""
+
+    studies: list[tuple[str, Path]]  # (label, folder), in the order given
+    out: Path | None
+    texts: list[str]  # the LABEL=DIR arguments as given, for the command line in the output
+
+    def command(self, script: str) -> str:
+        """The command that made the table, as run from the repository's root."""
+        return f"python bench/studies/commit_cost/{script} {shlex.join(self.texts)}"
+
+
+def study_args(prog: str, description: str, argv: list[str] | None, holds: str,
+               present: Callable[[Path], bool]) -> StudyArgs | None:
+    """Parse ``LABEL=DIR ... [--out FILE.md]``; None, after a one-line error naming ``holds`` (what
+    each DIR must hold), where an argument is not LABEL=DIR or its folder fails ``present``."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("studies", nargs="+", metavar="LABEL=DIR")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     args = parser.parse_args(argv)
-    rows = []
+    studies = []
     for text in args.studies:
         label, sep, folder = text.partition("=")
-        if not sep or not (Path(folder) / "spread.csv").is_file():
-            print(f"cv_compare: {text!r}: expected LABEL=DIR with DIR/spread.csv", file=sys.stderr)
-            return 2
-        rows.append(row(label, Path(folder)))
+        if not sep or not present(Path(folder)):
+            print(f"{prog}: {text!r}: expected LABEL=DIR with {holds}", file=sys.stderr)
+            return None
+        studies.append((label, Path(folder)))
+    return StudyArgs(studies, args.out, list(args.studies))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = study_args("cv_compare", __doc__.split("\n")[0], argv, "DIR/spread.csv",
+                        lambda folder: (folder / "spread.csv").is_file())
+    if parsed is None:
+        return 2
+    studies = parsed.studies
+    rows = [row(label, folder) for label, folder in studies]
     text = ("A/A coefficient of variation of each ratio to the ruler (95% chi-square interval)\n\n"
             + pd.DataFrame(rows).to_markdown(index=False) + "\n")
-    studies = [text_.partition("=") for text_ in args.studies]
     if len(studies) > 1:
-        first = _cv_and_runs(Path(studies[0][2]))
-        tests = [f_row(label, Path(folder), first) for label, _, folder in studies[1:]]
+        first = _cv_and_runs(studies[0][1])
+        tests = [f_row(label, folder, first) for label, folder in studies[1:]]
         text += (f"\nRelative variance against {studies[0][0]} (F = (cv / cv_first)^2, two-sided F-test)\n\n"
                  + pd.DataFrame(tests).to_markdown(index=False) + "\n")
     print(text)
-    if args.out:
-        args.out.write_text(f"`python bench/studies/commit_cost/cv_compare.py {shlex.join(args.studies)}`\n\n{text}")
+    if parsed.out:
+        parsed.out.write_text(f"`{parsed.command('cv_compare.py')}`\n\n{text}")
     return 0
 
 

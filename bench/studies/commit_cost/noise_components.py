@@ -23,10 +23,8 @@ and the few differences across a boundary between processes do not move a median
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,7 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-RATIOS = ("static/eager", "static/xla", "static/inductor", "static/train", "torchvision/eager")
+# The sibling study, found beside this script (Python puts the script's folder on the path).
+from cv_compare import RATIOS, study_args
 
 
 def robust_sd(values: np.ndarray) -> float:
@@ -48,14 +47,21 @@ def call_scatter(log_seconds: np.ndarray) -> float:
     return robust_sd(np.diff(log_seconds)) / math.sqrt(2)
 
 
-def components(folder: Path, case: str) -> dict[str, float] | None:
+def load_runs(folder: Path) -> list[dict]:
+    """The timing records of an A/A study's runs (``run_K.json``, case -> part), in run order."""
+    paths = sorted(folder.glob("run_*.json"), key=lambda p: int(p.stem.split("_")[1]))
+    return [json.loads(path.read_text())["timing"] for path in paths]
+
+
+def components(folder: Path, case: str, runs: Sequence[dict] | None = None) -> dict[str, float] | None:
     """The noise of ``case``'s ratio in the A/A study ``folder`` (module docstring), in % of the
-    figure; None where the study has fewer than 2 runs of that case."""
+    figure; None where the study has fewer than 2 runs of that case. ``runs``: the study's
+    :func:`load_runs`, where the caller has read them already."""
     calls: dict[str, list[float]] = {"case": [], "ruler": [], "ratio": [], "corr": []}
     per_process: list[list[float]] = []
     rounds: list[float] = []
-    for path in sorted(folder.glob("run_*.json"), key=lambda p: int(p.stem.split("_")[1])):
-        part = json.loads(path.read_text())["timing"].get(case)
+    for timing in load_runs(folder) if runs is None else runs:
+        part = timing.get(case)
         if not part or not part.get("record"):
             continue
         rec = part["record"]
@@ -110,8 +116,9 @@ COLUMNS = {
 def table(studies: Sequence[tuple[str, Path]]) -> pd.DataFrame:
     rows = []
     for label, folder in studies:
+        runs = load_runs(folder)
         for case in RATIOS:
-            got = components(folder, case)
+            got = components(folder, case, runs)
             if got is None:
                 continue
             row = {"study": label, "figure": case}
@@ -123,23 +130,16 @@ def table(studies: Sequence[tuple[str, Path]]) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("studies", nargs="+", metavar="LABEL=DIR")
-    parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
-    args = parser.parse_args(argv)
-    studies = []
-    for text in args.studies:
-        label, sep, folder = text.partition("=")
-        if not sep or not any(Path(folder).glob("run_*.json")):
-            print(f"noise_components: {text!r}: expected LABEL=DIR with DIR/run_K.json", file=sys.stderr)
-            return 2
-        studies.append((label, Path(folder)))
-    text = table(studies).to_markdown(index=False)
+    parsed = study_args("noise_components", __doc__.split("\n")[0], argv, "DIR/run_K.json",
+                        lambda folder: any(folder.glob("run_*.json")))
+    if parsed is None:
+        return 2
+    text = table(parsed.studies).to_markdown(index=False)
     print(text)
-    if args.out:
-        command = "python bench/studies/commit_cost/noise_components.py " + " ".join(map(shlex.quote, args.studies))
+    if parsed.out:
         what = __doc__.split("\n", 1)[1].split("All of it")[0].strip()  # the usage line and the columns
-        args.out.write_text(f"# Where the A/A noise of each ratio comes from\n\n`{command}`\n\n{what}\n\n{text}\n")
+        command = parsed.command("noise_components.py")
+        parsed.out.write_text(f"# Where the A/A noise of each ratio comes from\n\n`{command}`\n\n{what}\n\n{text}\n")
     return 0
 
 
