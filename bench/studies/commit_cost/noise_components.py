@@ -13,7 +13,9 @@ and ratio the table gives
   runs), beside what the per-call scatter alone predicts for a median of that many rounds
   (sqrt(pi / 2) sigma / sqrt(n)): a process level of its own shows as an excess;
 - **per run**: the coefficient of variation of the commit's figure over the runs, and the part of it
-  that the processes within a run do not explain (a level the whole run draws: the VM of the day).
+  that the processes within a run do not explain (a level the whole run draws: the VM of the day);
+- **the first process**: its median ratio over the second's, run by run (mean, the runs where it is
+  above, a one-sample t-test of no gap): the first process runs the compile probes.
 
 All of it in % of the figure. The per-call scatter is taken from the differences of successive
 rounds (their robust standard deviation over sqrt(2)), so a process's own level, and a slow drift,
@@ -34,6 +36,7 @@ import pandas as pd
 
 # The sibling study, found beside this script (Python puts the script's folder on the path).
 from cv_compare import RATIOS, study_args
+from scipy import stats
 
 
 def robust_sd(values: np.ndarray) -> float:
@@ -95,6 +98,12 @@ def components(folder: Path, case: str, runs: Sequence[dict] | None = None) -> d
         out["process_observed"] = 100 * math.sqrt(within)
         between = float(levels.mean(axis=1).var(ddof=1)) - within / n_proc
         out["run_level"] = 100 * math.sqrt(max(0.0, between))
+        # The first process against the second, run by run: a level of the first process's own
+        # (it runs the compile probes) shows as a gap of one sign.
+        gaps = 100 * (np.asarray([p[0] / p[1] for p in per_process]) - 1)
+        out["first_gap"] = float(gaps.mean())
+        out["first_above"] = float((gaps > 0).sum())
+        out["first_gap_p"] = float(stats.ttest_1samp(gaps, 0).pvalue) if gaps.std() > 0 else math.nan
     return out
 
 
@@ -110,6 +119,9 @@ COLUMNS = {
     "process_observed": ("observed", "{:.2f}%"),
     "run_level": ("per run: a level of its own", "{:.2f}%"),
     "figure_cv": ("figure's CV", "{:.2f}%"),
+    "first_gap": ("process 1 over 2: mean", "{:+.1f}%"),
+    "first_above": ("runs above", "{:.0f}"),
+    "first_gap_p": ("t-test p", "{:.2g}"),
 }
 
 
