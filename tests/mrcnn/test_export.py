@@ -34,6 +34,7 @@ from mrcnn.parity import match_detections
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
 from mrcnn_bench import export_timing
+from tests.helpers.detections import BOX_ATOL_PX, PROB_ATOL
 
 ROOT = Path(__file__).resolve().parents[2]
 CANVAS = (320, 448)  # tiny's bucket for a 240x320 image
@@ -77,15 +78,17 @@ def aoti_path(model, tmp_path_factory):
     return Path(info["paths"]["aoti"])
 
 
-def assert_outputs_close(expected, actual, atol_boxes=1e-4, atol=1e-5):
+def assert_outputs_close(expected, actual):
+    """The package's outputs (boxes, scores, labels, masks, valid) against eager's: valid and labels
+    equal, the rest to float rounding (tests/helpers/detections.py)."""
     names = OUTPUT_NAMES
     for name, e, a in zip(names, expected, actual):
         assert a.shape == e.shape and a.dtype == e.dtype, (name, a.shape, a.dtype, e.shape, e.dtype)
     assert torch.equal(expected[4], actual[4]), "valid masks differ"
     assert torch.equal(expected[2], actual[2]), "labels differ"
-    torch.testing.assert_close(actual[0], expected[0], atol=atol_boxes, rtol=0)
-    torch.testing.assert_close(actual[1], expected[1], atol=atol, rtol=0)
-    torch.testing.assert_close(actual[3], expected[3], atol=10 * atol, rtol=0)
+    torch.testing.assert_close(actual[0], expected[0], atol=BOX_ATOL_PX, rtol=0)
+    torch.testing.assert_close(actual[1], expected[1], atol=PROB_ATOL, rtol=0)
+    torch.testing.assert_close(actual[3], expected[3], atol=PROB_ATOL, rtol=0)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -165,8 +168,8 @@ def test_exported_predict_matches_eager_model(exported_path, model, image):
     (got,) = deployed.predict([image[0]])
     (want,) = tensor_ops_model(model).predict([image[0]])
     assert torch.equal(got["labels"], want["labels"])
-    torch.testing.assert_close(got["boxes"], want["boxes"], atol=1e-4, rtol=0)
-    torch.testing.assert_close(got["masks"], want["masks"], atol=1e-4, rtol=0)
+    torch.testing.assert_close(got["boxes"], want["boxes"], atol=BOX_ATOL_PX, rtol=0)
+    torch.testing.assert_close(got["masks"], want["masks"], atol=PROB_ATOL, rtol=0)
 
 
 def test_wrong_inputs_name_what_was_expected(exported_path, batch, tmp_path):

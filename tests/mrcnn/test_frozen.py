@@ -15,15 +15,9 @@ from mrcnn.frozen import FrozenInference
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
+from tests.helpers.detections import assert_same_detections
 
 pytestmark = pytest.mark.slow  # two inductor compilations
-
-
-def _close(a, b) -> None:
-    assert torch.equal(a.valid, b.valid) and torch.equal(a.labels, b.labels)
-    torch.testing.assert_close(a.boxes, b.boxes, rtol=1e-5, atol=1e-3)
-    torch.testing.assert_close(a.scores, b.scores, rtol=0, atol=1e-4)
-    torch.testing.assert_close(a.masks, b.masks, rtol=0, atol=1e-4)
 
 
 def test_frozen_equals_eager_and_refuses_changed_weights(tiny_cfg, tiny_weights):
@@ -37,7 +31,7 @@ def test_frozen_equals_eager_and_refuses_changed_weights(tiny_cfg, tiny_weights)
         expected = [model(batch) for batch in batches]
         for batch, want in zip(batches, expected):
             assert int(want.valid.sum()) > 50  # the weights detect things: not a vacuous comparison
-            _close(frozen(batch), want)
+            assert_same_detections(frozen(batch), want)
     # Freezing happened (weights packed for oneDNN), in one graph for the canvas.
     assert counters["inductor"]["mkldnn_conv_weight_pack_matcher_count"] > 0, dict(counters["inductor"])
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
@@ -48,7 +42,7 @@ def test_frozen_equals_eager_and_refuses_changed_weights(tiny_cfg, tiny_weights)
     other = load_torchvision_weights(MaskRCNN(tiny_cfg).eval(), other_weights)
     with torch.no_grad():
         plain, eager_other = torch.compile(other, fullgraph=True, dynamic=False)(batches[0]), other(batches[0])
-    _close(plain, eager_other)
+    assert_same_detections(plain, eager_other)
     assert not torch.allclose(eager_other.scores, expected[0].scores)  # the two models differ
 
     model.load_state_dict(model.state_dict())  # same values, but written in place: refused
