@@ -24,6 +24,17 @@ from mrcnn_bench.cases import Row
 from mrcnn_bench.context import Context
 from mrcnn_bench.pipelines import Pipeline, inference_staged
 
+# The longest one probe call should take. A kernel with no fast path on this CPU (a bf16 matmul
+# without AVX-512 BF16 or AMX falls back to a loop orders of magnitude slower) would hold the run
+# for minutes at its full size; it is timed on a smaller problem instead, which tells the same thing:
+# this kernel is slow here.
+PROBE_CALL_S = 0.5
+# How many times a probe may halve its problem's sides (3: a matmul down to 256^3).
+HALVINGS = 3
+
+# (the call, its FLOPs) of a kernel with its sides halved k times
+Kernel = Callable[[int], tuple[Callable[[], Any], float]]
+
 
 def _best_rate(fn: Callable[[], Any], flops: float, reps: int) -> float:
     """GFLOP/s of the fastest of ``reps`` calls of ``fn`` (after one untimed call)."""
@@ -36,22 +47,51 @@ def _best_rate(fn: Callable[[], Any], flops: float, reps: int) -> float:
     return flops / best / 1e9
 
 
+def _largest_within(kernel: Kernel) -> tuple[Callable[[], Any], float]:
+    """The kernel at the largest size whose one call should take at most :data:`PROBE_CALL_S`,
+    predicted from one timed call of the smallest size (after an untimed one)."""
+    small, small_flops = kernel(HALVINGS)
+    small()
+    t0 = time.perf_counter()
+    small()
+    flops_per_s = small_flops / max(time.perf_counter() - t0, 1e-9)
+    for k in range(HALVINGS):
+        fn, flops = kernel(k)
+        if flops / flops_per_s <= PROBE_CALL_S:
+            return fn, flops
+    return small, small_flops
+
+
+def _matmul(dtype: torch.dtype) -> Kernel:
+    def at(k: int) -> tuple[Callable[[], Any], float]:
+        n = 2048 >> k
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        return (lambda: a @ b), 2.0 * n**3
+    return at
+
+
+def _conv3x3(dtype: torch.dtype) -> Kernel:
+    def at(k: int) -> tuple[Callable[[], Any], float]:
+        h, w = 100 >> k, 136 >> k
+        x = torch.randn(1, 256, h, w, dtype=dtype).to(memory_format=torch.channels_last)
+        wt = torch.randn(256, 256, 3, 3, dtype=dtype).to(memory_format=torch.channels_last)
+        return (lambda: F.conv2d(x, wt, padding=1)), 2.0 * 256 * 256 * 9 * h * w
+    return at
+
+
 def measure_peaks(reps: int = 5) -> dict[str, float]:
     """GFLOP/s of a 2048^3 matmul and a channels-last 3x3 conv [1,256,100,136] 256->256, fp32 and bf16.
 
     These are the dense kernels that dominate Mask R-CNN; their best-of-``reps`` rates stand in for
-    the machine's peak (2 FLOP per multiply-add, as FlopCounterMode counts).
+    the machine's peak (2 FLOP per multiply-add, as FlopCounterMode counts). A kernel too slow here
+    for its full size within :data:`PROBE_CALL_S` a call is timed with its sides halved (up to
+    :data:`HALVINGS` times), so the probe costs seconds on any CPU.
     """
     out = {}
     with torch.no_grad():
         for dtype, tag in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-            n = 2048
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            out[f"matmul_{tag}"] = _best_rate(lambda a=a, b=b: a @ b, 2.0 * n**3, reps)
-            x = torch.randn(1, 256, 100, 136, dtype=dtype).to(memory_format=torch.channels_last)
-            w = torch.randn(256, 256, 3, 3, dtype=dtype).to(memory_format=torch.channels_last)
-            flops = 2.0 * 256 * 256 * 9 * 100 * 136
-            out[f"conv3x3_{tag}"] = _best_rate(lambda x=x, w=w: F.conv2d(x, w, padding=1), flops, reps)
+            for name, kernel in (("matmul", _matmul(dtype)), ("conv3x3", _conv3x3(dtype))):
+                out[f"{name}_{tag}"] = _best_rate(*_largest_within(kernel), reps)
     return out
 
 
