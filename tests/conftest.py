@@ -6,6 +6,11 @@ import os
 import tempfile
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
+# XLA:CPU's LLVM back end unoptimised compiles a graph in about half the time (results/ci_time/).
+# The tests count compilations and compare outputs, which the optimisation level leaves alone;
+# speed is measured in bench/, not here. Set before torch_xla is imported, inherited by the
+# processes tests start; a user's own XLA_FLAGS win.
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # The packages the tests build go on an allow-list of their own, not the user's (mrcnn.export.trust).
 os.environ.setdefault("MRCNN_TRUSTED_PACKAGES", os.path.join(tempfile.mkdtemp(prefix="mrcnn-tests-"), "trusted.txt"))
 

@@ -21,10 +21,7 @@ def test_rates_judge_each_round_count_on_the_first_rounds(tmp_path):
     trials = []
     for kind, slow in study.KINDS.items():
         for _ in range(4):
-            a = (0.2 * np.exp(rng.normal(0, 0.01, study.ROUNDS))).tolist()
-            b = [x * (1 + slow) * 1.0005 for x in a] if slow else list(a)
-            trials.append({"kind": kind, "slowdown": slow, "a_s": a, "b_s": b, "seconds": 30.0,
-                           "loadavg_before": 0.1})
+            trials.append({**_trial(kind, rng), "slowdown": slow, "seconds": 30.0, "loadavg_before": 0.1})
     (tmp_path / "trials.jsonl").write_text("".join(json.dumps(t) + "\n" for t in trials) + '{"kind": "a')  # torn
     assert len(study.read_lines(tmp_path / "trials.jsonl")) == 12
     r = study.rates(trials, 10)
@@ -34,13 +31,17 @@ def test_rates_judge_each_round_count_on_the_first_rounds(tmp_path):
     assert "| 7 |" in (tmp_path / "error_rates.md").read_text()
 
 
-def _trials(kind: str, count: int, rng: np.random.Generator) -> list[dict]:
-    slow = study.KINDS[kind]
-    out = []
-    for _ in range(count):
-        a = (0.2 * np.exp(rng.normal(0, 0.01, study.ROUNDS))).tolist()
-        out.append({"kind": kind, "a_s": a, "b_s": [x * (1 + slow) * 1.0005 for x in a] if slow else list(a)})
-    return out
+def _trial(kind: str, rng: np.random.Generator, slow: float | None = None) -> dict:
+    """One trial of ``kind`` whose B is ``slow`` (default: the kind's own) slower than A, each round of
+    each side with its own 1% noise, as measured rounds have (no two rounds' ratios tie)."""
+    slow = study.KINDS[kind] if slow is None else slow
+    a = 0.2 * np.exp(rng.normal(0, 0.01, study.ROUNDS))
+    b = a * (1 + slow) * np.exp(rng.normal(0, 0.01, study.ROUNDS))
+    return {"kind": kind, "a_s": a.tolist(), "b_s": b.tolist()}
+
+
+def _trials(kind: str, count: int, rng: np.random.Generator, slow: float | None = None) -> list[dict]:
+    return [_trial(kind, rng, slow) for _ in range(count)]
 
 
 def test_the_round_count_proves_the_false_alarm_rate_on_its_interval():
@@ -50,8 +51,8 @@ def test_the_round_count_proves_the_false_alarm_rate_on_its_interval():
     assert study.fewest_rounds(_trials("aa", 20, rng) + clean) is None
     # 0 of 72 bounds the rate below 5%, and every 10% slowdown is caught.
     assert study.fewest_rounds(_trials("aa", 72, rng) + clean) == study.ROUND_COUNTS[0]
-    # 4 of 30 slowdowns missed (their B equals A): 87% detected, under the 90% goal at every count.
-    missed = _trials("slow10", 26, rng) + [{**t, "b_s": list(t["a_s"])} for t in _trials("slow10", 4, rng)]
+    # 4 of 30 slowdowns missed (their B as fast as A): 87% detected, under the 90% goal at every count.
+    missed = _trials("slow10", 26, rng) + _trials("slow10", 4, rng, slow=0.0)
     assert study.fewest_rounds(_trials("aa", 72, rng) + missed) is None
     missed[-1] = clean[0]  # 3 missed: 90%
     assert study.fewest_rounds(_trials("aa", 72, rng) + missed) == study.ROUND_COUNTS[0]
