@@ -171,6 +171,11 @@ def staged(case: Case) -> bool:
     return case.compiler == "eager" and case.backend != "xla"
 
 
+def _names(text: str) -> list[str]:
+    """'a, b,,c' -> ['a', 'b', 'c']: a comma list of case names."""
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.shared_rounds", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="the records are written here as JSON (case -> record)")
@@ -195,10 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
              "its first call as the case's time to first result)",
     )
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.cases.split(",") if n.strip()]
+    names = _names(args.cases)
     try:
-        probe_names = names if args.probe_cases is None else [
-            n.strip() for n in args.probe_cases.split(",") if n.strip()]
+        probe_names = names if args.probe_cases is None else _names(args.probe_cases)
         compiles = compile_probes(probe_names) if args.compile_probe else {}
         first = {n: r["first_call_s"] for n, r in compiles.items() if r.get("first_call_s") is not None and n in names}
         records = measure_shared(names, args.rounds, args.threads, args.budget_s, args.probes, first)

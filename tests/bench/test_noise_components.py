@@ -39,7 +39,8 @@ def _study(folder: Path, runs: int, processes: int, rounds: int, call: float, pr
 
 def test_each_component_is_recovered(tmp_path):
     _study(tmp_path / "aa", runs=40, processes=4, rounds=60, call=0.05, process=0.02, run=0.03)
-    got = noise_components.components(tmp_path / "aa", "static/eager")
+    runs = noise_components.load_runs(tmp_path / "aa")
+    got = noise_components.components(runs, "static/eager")
     assert got["runs"] == 40 and got["processes"] == 4 and got["rounds"] == 60
     assert got["call_case"] == pytest.approx(5.0, rel=0.1) and got["call_ruler"] == pytest.approx(5.0, rel=0.1)
     assert got["call_ratio"] == pytest.approx(5.0 * math.sqrt(2), rel=0.1)  # independent calls: sqrt(2) of one
@@ -48,12 +49,12 @@ def test_each_component_is_recovered(tmp_path):
     assert got["process_expected"] == pytest.approx(math.sqrt(math.pi / 2) * got["call_ratio"] / math.sqrt(60))
     assert got["process_observed"] == pytest.approx(math.hypot(got["process_expected"], 2.0), rel=0.2)
     assert got["run_level"] == pytest.approx(3.0, rel=0.3)
-    assert noise_components.components(tmp_path / "aa", "static/xla") is None  # no runs of that case
+    assert noise_components.components(runs, "static/xla") is None  # no runs of that case
 
 
 def test_no_level_of_its_own_reads_as_the_calls_alone(tmp_path):
     _study(tmp_path / "aa", runs=40, processes=4, rounds=60, call=0.05, process=0.0, run=0.0)
-    got = noise_components.components(tmp_path / "aa", "static/eager")
+    got = noise_components.components(noise_components.load_runs(tmp_path / "aa"), "static/eager")
     assert got["process_observed"] == pytest.approx(got["process_expected"], rel=0.2)
     assert got["run_level"] < 0.5
     # The figure (the median of 4 process medians) then scatters by less than one process does.

@@ -56,14 +56,13 @@ def load_runs(folder: Path) -> list[dict]:
     return [json.loads(path.read_text())["timing"] for path in paths]
 
 
-def components(folder: Path, case: str, runs: Sequence[dict] | None = None) -> dict[str, float] | None:
-    """The noise of ``case``'s ratio in the A/A study ``folder`` (module docstring), in % of the
-    figure; None where the study has fewer than 2 runs of that case. ``runs``: the study's
-    :func:`load_runs`, where the caller has read them already."""
+def components(runs: Sequence[dict], case: str) -> dict[str, float] | None:
+    """The noise of ``case``'s ratio in an A/A study's ``runs`` (:func:`load_runs`; module
+    docstring), in % of the figure; None where the study has fewer than 2 runs of that case."""
     calls: dict[str, list[float]] = {"case": [], "ruler": [], "ratio": [], "corr": []}
     per_process: list[list[float]] = []
     rounds: list[float] = []
-    for timing in load_runs(folder) if runs is None else runs:
+    for timing in runs:
         part = timing.get(case)
         if not part or not part.get("record"):
             continue
@@ -130,7 +129,7 @@ def table(studies: Sequence[tuple[str, Path]]) -> pd.DataFrame:
     for label, folder in studies:
         runs = load_runs(folder)
         for case in RATIOS:
-            got = components(folder, case, runs)
+            got = components(runs, case)
             if got is None:
                 continue
             row = {"study": label, "figure": case}
