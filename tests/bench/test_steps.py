@@ -156,6 +156,8 @@ def test_main_history_of_the_amd_machine(capsys):
     assert ("Training.track_ratio(static/train)", "6cf654da", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "ba6640b2", "improvement") in found
     assert ("Latency.track_ratio(static/eager)", "bb0b0b3d", "improvement") in found
+    # every commit of the line is in the latency series: ten commits before the RoIAlign step
+    assert {p["index"] for p in points if p["commit"] == "6cf654da" and p["metric"].startswith("Latency")} == {10}
     assert "at 6cf654da:" not in err  # its parent was measured
     code, points, err = steps(*history, "--stages", capsys=capsys)
     assert code in (0, 1), err
