@@ -45,8 +45,9 @@ PART_TIMEOUT_S = 900.0
 SHARED_PROCESSES = 4  # shared-rounds processes per commit
 COMPILED_PROCESSES = 2  # of them, those that also time the cases with a compiler (inductor)
 # The first of those: 0 is the process that ran their compile probe, 1 the next. Where the probe
-# ran, inductor's ratio draws a higher level of its own (results/asv/README.md, "Where the noise
-# comes from"); the history keeps 0 until a new series is measured with 1.
+# ran, inductor's ratio drew a higher level of its own in two studies, but not when the two plans
+# were alternated on one VM, where neither was less noisy (results/asv/README.md, "The two
+# inductor plans"): the history keeps 0, and its series with it.
 COMPILED_FROM = 0
 SHARED_BUDGET_S = 16.0  # seconds of timed rounds per shared process
 TRAIN_BUDGET_S = 20.0  # seconds of timed rounds of each training case (one process)
