@@ -58,15 +58,14 @@ stop() {  # $1: what is not started
 }
 
 here=("$root/bench:$tree" "$root/bench/tools/history_spread.py")
+outs=("$first" "$second")  # with --plans, plan P's runs go to outs[P]
 for k in $(seq 1 "$runs"); do
     if [ "$plans" = 1 ]; then
         sides=(0 1)
         [ $((k % 2)) = 0 ] && sides=(1 0)
         for p in "${sides[@]}"; do
             stop "plan $p run $k"
-            out=$first
-            [ "$p" = 1 ] && out=$second
-            one "plan-$p" "$k" "$out" "${here[@]}" --compiled-from "$p"
+            one "plan-$p" "$k" "${outs[$p]}" "${here[@]}" --compiled-from "$p"
         done
     else
         stop "run $k"
