@@ -5,6 +5,7 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+BENCH := $(VENV)/bin/mrcnn-bench
 STAMP := $(VENV)/.installed
 # Apache Otava (the change-point method of `mrcnn-bench steps`) pins numpy and scipy below the
 # harness's and brings cloud clients: it gets an environment of its own (about 25 s, 330 MB).
@@ -14,7 +15,7 @@ CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
 .PHONY: venv otava-env bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
-	asv-spread asv-publish asv-serve latency-study gpu-check clean
+	asv-spread asv-publish asv-serve gpu-check clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,16 +33,16 @@ $(OTAVA_STAMP): Makefile
 
 otava-env: $(OTAVA_STAMP)
 
-# Every row over the default stream (8 sizes by a rule of the seed: mrcnn_bench.cases.stream_sizes),
+# Every row over the default stream (8 sizes by a rule of the seed: mrcnn_bench.running.cases.stream_sizes),
 # 16 rounds = each image timed twice; then a few rows on one fixed size; one report over both.
 BENCH_FIXED_CASES := torchvision/eager,torchvision/inductor,static/eager,static/inductor
 # An interrupted make bench left its rounds journaled: the same make bench resumes them.
 resume_if_journal = $(if $(wildcard out/bench/$(1).rounds.jsonl),--resume)
 bench: $(STAMP)
-	$(VENV)/bin/mrcnn-bench run --out out/bench --name stream_tiny --rounds 16 $(call resume_if_journal,stream_tiny)
-	$(VENV)/bin/mrcnn-bench run --out out/bench --name fixed_tiny --image-size 240x320 --cases $(BENCH_FIXED_CASES) \
+	$(BENCH) run --out out/bench --name stream_tiny --rounds 16 $(call resume_if_journal,stream_tiny)
+	$(BENCH) run --out out/bench --name fixed_tiny --image-size 240x320 --cases $(BENCH_FIXED_CASES) \
 		$(call resume_if_journal,fixed_tiny)
-	$(VENV)/bin/mrcnn-bench report out/bench/stream_tiny.json out/bench/fixed_tiny.json --out out/bench
+	$(BENCH) report out/bench/stream_tiny.json out/bench/fixed_tiny.json --out out/bench
 
 test: unit bench-quick gate
 
@@ -53,34 +54,34 @@ unit: $(STAMP) $(OTAVA_STAMP)
 bench-quick: $(STAMP)
 	mkdir -p $(CI_OUT)
 	$(PY) -m pytest bench/pytest_suite --benchmark-only --benchmark-json $(CI_OUT)/benchmarks.json -p no:cacheprovider
-	$(VENV)/bin/mrcnn-bench check-benchmarks --expect torchvision/eager,static/eager,static/xla,static/train $(CI_OUT)/benchmarks.json
+	$(BENCH) check-benchmarks --expect torchvision/eager,static/eager,static/xla,static/train $(CI_OUT)/benchmarks.json
 
 # The one merge gate: compile counts exactly, and the CI-sized accuracy gate.
 gate: $(STAMP)
-	$(VENV)/bin/mrcnn-bench gate --out $(CI_OUT)/gate.json --accuracy-out $(CI_OUT)/accuracy-ci
+	$(BENCH) gate --out $(CI_OUT)/gate.json --accuracy-out $(CI_OUT)/accuracy-ci
 
 # Everything that needs a CUDA GPU, in one go (docs/gpu_tpu.md); exit 2 where there is none. GPU
 # machines bring their own torch build, so the source tree runs with the python that has torch:
 # .venv's where one was made, else python3 (pycocotools may need installing beside it).
 GPU_PYTHON ?= $(if $(wildcard $(PY)),$(PY),python3)
 gpu-check:
-	PYTHONPATH=$(CURDIR):$(CURDIR)/bench $(GPU_PYTHON) -m mrcnn_bench.cli gpu-check --out out/gpu-check
+	PYTHONPATH=$(CURDIR):$(CURDIR)/bench $(GPU_PYTHON) -m mrcnn_bench gpu-check --out out/gpu-check
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 # asv: every figure tracked across commits (bench/asv_suite; results/asv/README.md). Each commit
 # is measured once: the inference cases share one ruler's rounds in 4 processes, the training step
-# has its own (mrcnn_bench.shared_rounds); asv-fixture trains the fixed
+# has its own (mrcnn_bench.history.shared_rounds); asv-fixture trains the fixed
 # checkpoint whose AP each commit's inference scores (once per machine, cached in .asv/fixtures).
 # main's history starts at the commit that landed the harness's current layout; the scratch range
-# (bench/tools/asv_scratch.py) holds 3 injected regressions among 4 commits that change no code.
+# (mrcnn-bench asv scratch) holds 3 injected regressions among 4 commits that change no code.
 HISTORY_FROM := 25ad72d
 SCRATCH_RANGE := asv-scratch~7..asv-scratch
 # The steps range: a 3% and a 5% slowdown, each confined to one stage, among 27 commits that change
 # no code; its base (main's 70c91c7) is measured too, as the first level's first point.
 STEPS_RANGE := asv-steps~29^..asv-steps
-# asv's machine: CPU, cores and fixture (bench/mrcnn_bench/asv_machine.py), so that results from
+# asv's machine: CPU, cores and fixture (mrcnn-bench asv machine), so that results from
 # another host or another fixture start a series of their own. Named when a recipe runs, after
 # asv-fixture has made the fixture, by one call that also registers it; its failure (no fixture:
 # exit 2) stops the recipe before asv runs.
@@ -88,14 +89,14 @@ STEPS_RANGE := asv-steps~29^..asv-steps
 # one measured under an older version is measured again (asv's --skip-existing; a commit is
 # skipped whole only when all of its benchmarks are current).
 ASV_SKIP := --skip-existing
-ASV_RUN = name=$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine --register) && $(VENV)/bin/asv run --machine "$$name"
+ASV_RUN = name=$$($(BENCH) asv machine --register) && $(VENV)/bin/asv run --machine "$$name"
 
 asv-fixture: $(STAMP)
-	PYTHONPATH=bench $(PY) -m mrcnn_bench.fixed_accuracy make
+	$(BENCH) asv fixture make
 
 asv-scratch: $(STAMP)
-	$(PY) bench/tools/asv_scratch.py
-	$(PY) bench/tools/asv_scratch.py --range steps
+	$(BENCH) asv scratch
+	$(BENCH) asv scratch --range steps
 
 asv-same: asv-fixture
 	$(ASV_RUN) --python=same --set-commit-hash $$(git rev-parse HEAD) --show-stderr
@@ -104,9 +105,10 @@ asv-commits: asv-fixture
 	$(ASV_RUN) --show-stderr $(ASV_SKIP) $(or $(RANGE),HEAD~2..HEAD)
 
 # main's history; resumable (commits already measured are skipped). The commits that change the
-# code under test (mrcnn/ or the dependencies): the harness comes from this checkout, so every other
-# commit measures the same code as the last of these before it. About 17 commits x 8-13.5 minutes,
-# by host: more than one session may add to it, on the same kind of host (the machine name).
+# code under test (mrcnn/ or the dependencies; `git rev-list` in the recipe names them): the harness
+# comes from this checkout, so every other commit measures the same code as the last of these before
+# it. 8 to 13.5 minutes a commit, by host: more than one session may add to it, on the same kind of
+# host (the machine name).
 asv-history: asv-fixture
 	mkdir -p .asv && git rev-list $(HISTORY_FROM)^..main -- mrcnn pyproject.toml > .asv/history_commits.txt
 	$(ASV_RUN) --show-stderr $(ASV_SKIP) HASHFILE:.asv/history_commits.txt
@@ -115,8 +117,8 @@ asv-history: asv-fixture
 # machine that holds main's history and the scratch range needs one table per line of commits:
 # REVS=main (or REVS=$(SCRATCH_RANGE)) keeps the commits git rev-list names, OUT names the file.
 asv-table: $(STAMP)
-	name=$${MACHINE:-$$(PYTHONPATH=bench $(PY) -m mrcnn_bench.asv_machine)} && \
-	PYTHONPATH=bench $(PY) bench/tools/asv_table.py "$$name" --steps $(if $(REVS),--revs '$(REVS)') \
+	name=$${MACHINE:-$$($(BENCH) asv machine)} && \
+	$(BENCH) asv table "$$name" --steps $(if $(REVS),--revs '$(REVS)') \
 		--out "$${OUT:-results/asv/$$name.md}"
 
 # The scratch range with its three injected regressions (7 commits x 8-13.5 minutes).
@@ -125,19 +127,15 @@ asv-scratch-run: asv-fixture asv-scratch
 
 # The steps range: is a 3% or a 5% step found at its commit, with its stage (29 commits and the base,
 # about 2.5 hours; resumable).
-# Measured with its levels interleaved (asv_scratch.py --measure-order), so a partial run is balanced.
+# Measured with its levels interleaved (asv scratch --measure-order), so a partial run is balanced.
 asv-steps-run: asv-fixture asv-scratch
-	mkdir -p .asv && $(PY) bench/tools/asv_scratch.py --range steps --measure-order > .asv/steps_commits.txt
+	mkdir -p .asv && $(BENCH) asv scratch --range steps --measure-order > .asv/steps_commits.txt
 	$(ASV_RUN) --show-stderr $(ASV_SKIP) HASHFILE:.asv/steps_commits.txt
 
-# The latency gate's error rates through its own code path (live compares; hours; resumable).
-latency-study: $(STAMP)
-	PYTHONPATH=bench $(PY) bench/studies/gate_error_rates/gate_error_rates.py run --out results/latency_gate_live
-	PYTHONPATH=bench $(PY) bench/studies/gate_error_rates/gate_error_rates.py summary --out results/latency_gate_live
-
-# The same commit measured 5 times: the A/A spread of each tracked figure (results/asv/aa_pooled).
+# The same commit measured 5 times: the A/A spread of each tracked figure, into a folder of this
+# machine's own (SPREAD_OUT; resumable, and a folder of another plan or host kind is refused).
 asv-spread: asv-fixture
-	PYTHONPATH=bench $(PY) bench/tools/history_spread.py --runs 5 --out results/asv/aa_pooled
+	name=$$($(BENCH) asv machine) && $(BENCH) asv spread --runs 5 --out "$${SPREAD_OUT:-results/asv/aa_$$name}"
 
 # The dashboard, built into results/html (git-ignored: generated output is not committed; the
 # screenshots under results/asv/screenshots show that it renders), with its scripts made local.
@@ -148,8 +146,8 @@ asv-spread: asv-fixture
 NOISE ?= results/asv/aa_shared_f6m207 amd-epyc-f25m17-2c-fx021d390f=results/asv/aa_shared_f25m17
 asv-publish: asv-scratch $(OTAVA_STAMP)
 	$(VENV)/bin/asv publish
-	PYTHONPATH=bench $(PY) -m mrcnn_bench.offline_html results/html
-	PYTHONPATH=bench $(PY) -m mrcnn_bench.regression_report $(foreach n,$(NOISE),--noise $(n)) \
+	$(BENCH) asv offline-html results/html
+	$(BENCH) asv report $(foreach n,$(NOISE),--noise $(n)) \
 		--md results/asv/regressions_report.md --html results/html/changes.html
 
 # The dashboard on http://127.0.0.1:8080, this machine only (no network needed: its scripts are in

@@ -29,7 +29,7 @@ PACKAGES=$("$PY" -c "import json, sys; print(' '.join(json.load(open(sys.argv[1]
 
 # Outputs against eager, time to first result and interleaved latency (mrcnn-bench export-time).
 # shellcheck disable=SC2086  # PACKAGES is a list of paths
-{ time "$PY" -m mrcnn_bench.export_timing $PACKAGES --image "$OUT/sample.ppm" --rounds "$ROUNDS" \
+{ time "$PY" -m mrcnn_bench.running.export_timing $PACKAGES --image "$OUT/sample.ppm" --rounds "$ROUNDS" \
     --out "$OUT/export_time.json"; } \
   2>&1 | grep -v -e "UserWarning" -e "torch.frombuffer" | tee -a "$RESULTS/export_$PRESET.log"
 cp "$OUT/export_time.json" "$RESULTS/export_time_$PRESET.json"

@@ -13,6 +13,8 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from mrcnn.exits import UsageError
+
 # torchvision's box-head RoIAlign output (MultiScaleRoIAlign(output_size=7)); the box head's input
 # size depends on it, so torchvision weights fix it.
 BOX_ROI_SIZE = 7
@@ -232,11 +234,17 @@ class Config:
             problems.append("num_classes counts the background and must be at least 2")
         if self.box_pre_nms_top_n < self.box_detections_per_img:
             problems.append("box_pre_nms_top_n must be at least box_detections_per_img")
+        for head in ("rpn", "box"):  # the matcher's thresholds: below bg background, from fg foreground
+            fg, bg = getattr(self, f"{head}_fg_iou_thresh"), getattr(self, f"{head}_bg_iou_thresh")
+            if not bg <= fg:
+                problems.append(f"{head}_bg_iou_thresh {bg} must be <= {head}_fg_iou_thresh {fg}")
+        if self.box_detections_per_img < 0:
+            problems.append(f"box_detections_per_img must be >= 0, got {self.box_detections_per_img}")
         if self.mask_rois_per_image < 0:
             problems.append(f"mask_rois_per_image must be >= 0 (0: the positive quota), got {self.mask_rois_per_image}")
         problems += self._bucket_problems()
         if problems:
-            raise ValueError(f"invalid config {self.name!r}: " + "; ".join(problems))
+            raise UsageError(f"invalid config {self.name!r}: " + "; ".join(problems))
 
     def _bucket_problems(self) -> list[str]:
         k = self.box_detections_per_img
@@ -299,9 +307,9 @@ PRESETS = {"coco_r50_fpn": Config, "tiny": _tiny}
 def get_config(name: str = "coco_r50_fpn", **overrides) -> Config:
     """Return preset ``name`` with ``overrides`` applied (any :class:`Config` field)."""
     if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        raise UsageError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     cfg = PRESETS[name]()
     unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
-        raise ValueError(f"unknown config field(s) {sorted(unknown)} for preset {name!r}")
+        raise UsageError(f"unknown config field(s) {sorted(unknown)} for preset {name!r}")
     return cfg.replace(**overrides) if overrides else cfg

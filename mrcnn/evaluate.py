@@ -28,6 +28,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 from torch import Tensor
 
+from mrcnn.exits import UsageError
 from mrcnn.postprocess import padded_masks, paste_window, per_image, resized_window, single_thread
 from mrcnn.structures import Detections, ImageBatch
 
@@ -46,7 +47,7 @@ def _category_ids(labels: Tensor, label_to_category_id: LabelMap) -> list[int]:
     try:
         return [int(label_to_category_id[v]) for v in values]
     except KeyError as e:
-        raise ValueError(
+        raise UsageError(
             f"detection label {e.args[0]} has no category id (known labels {sorted(label_to_category_id)})"
         ) from None
 

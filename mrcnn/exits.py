@@ -5,8 +5,11 @@
                   or training stopped on a non-finite loss
     2  UNDECIDED  could not decide: a usage or input error (an unknown name, a missing file, a bad
                   value), inputs that cannot be compared, or a case that cannot run here; one line
-                  on stderr names the problem, before any measuring where it can be known then
-    3  INTERNAL   an unexpected exception, a bug: one line with the exception's type and message
+                  on stderr names the problem, before any measuring where it can be known then.
+                  It is a :class:`UsageError` (bad input from outside) or an ``OSError`` (a missing
+                  or unwritable file, a full disk: the environment's refusal)
+    3  INTERNAL   an unexpected exception, a bug (a plain ``ValueError`` included: a check that only
+                  a caller inside the project can fail): one line with the exception's type and message
                   and where to report it; the traceback goes to a log file named in that line, and
                   to stderr too when the ``<PROG>_DEBUG`` variable (for example ``MRCNN_BENCH_DEBUG``)
                   is ``1``
@@ -34,6 +37,16 @@ REPORT_BUG = "this is a bug: report it to the mrcnn maintainers with the full co
 VERSION_PACKAGES = ("torch", "torchvision", "torch_xla")
 
 
+class UsageError(ValueError):
+    """Bad input from outside: a flag, a file, an annotation, an environment variable, a config override, a
+    git ref, a user's case module. Its message is the one line the user sees (exit 2, :data:`UNDECIDED`).
+
+    Raise it where a condition can be reached from such input; a check that only a caller inside the
+    project can fail stays a ``ValueError`` (exit 3: a bug). It subclasses ValueError so that library
+    callers catching ValueError keep working.
+    """
+
+
 def debug_variable(prog: str) -> str:
     """``mrcnn-bench`` -> ``MRCNN_BENCH_DEBUG``: set to 1 to print an internal error's traceback."""
     return prog.upper().replace("-", "_") + "_DEBUG"
@@ -56,7 +69,9 @@ def guarded(prog: str, run: Callable[[], int], command: Callable[[], str] = lamb
     """``run()``'s exit code, with every way out mapped onto the table above.
 
     ``command()`` names the subcommand for messages once it is known (empty before parsing).
-    argparse's own exits (2 for usage errors, 0 for ``--help``) pass through.
+    argparse's own exits (2 for usage errors, 0 for ``--help``) pass through. A :class:`UsageError` or an
+    ``OSError`` is one line and :data:`UNDECIDED`; any other exception, a plain ``ValueError`` included,
+    is a bug (:func:`internal_error`).
     """
     try:
         return int(run() or PASSED)
@@ -65,7 +80,7 @@ def guarded(prog: str, run: Callable[[], int], command: Callable[[], str] = lamb
     except KeyboardInterrupt:
         print(f"{_where(prog, command())}: interrupted", file=sys.stderr)
         return 130  # the shell's convention for SIGINT
-    except (ValueError, OSError) as e:
+    except (UsageError, OSError) as e:  # input or environment, not a bug: one line
         print(f"{_where(prog, command())}: error: {e}", file=sys.stderr)
         return UNDECIDED
     except Exception as e:  # anything else is a bug

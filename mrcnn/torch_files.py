@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from mrcnn.exits import UsageError
+
 
 def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
     """``torch.load(path, map_location="cpu", weights_only=True)``; ValueError naming ``path`` (and
@@ -19,10 +21,10 @@ def read_torch_file(path: str | os.PathLike, what: str = "file") -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise ValueError(f"{what} not found: {path}") from None
+        raise UsageError(f"{what} not found: {path}") from None
     except MemoryError:
         raise
     except Exception as e:  # the unpickler's errors on a foreign file have no common type
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise ValueError(f"{path}: not a {what} that torch.save wrote, or one holding more than tensors and "
+        raise UsageError(f"{path}: not a {what} that torch.save wrote, or one holding more than tensors and "
                          f"plain values ({type(e).__name__}: {first})") from None

@@ -36,7 +36,7 @@ from mrcnn.data.coco import CocoFormatError, ImageDecodeError
 from mrcnn.engine import AMP_MODES, IMPLS, INITS, OPTIMIZERS, NonFiniteLossError, TrainConfig, TrainSetupError, train
 from mrcnn.engine.config import field_default
 from mrcnn.engine.distributed import env_rank, env_world_size
-from mrcnn.exits import guarded
+from mrcnn.exits import UsageError, guarded
 from mrcnn.overrides import parse_override
 from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import RECIPES, Recipe, get_recipe
@@ -46,10 +46,6 @@ DEFAULT_PRESET = "tiny"
 _OPTION_FLAGS = tuple(f.name for f in dataclasses.fields(TrainConfig))
 # Failures of the input rather than of the code: one line and exit 2, no traceback.
 _BAD_INPUT = (TrainSetupError, FileNotFoundError, CocoFormatError, ImageDecodeError)
-
-
-class UsageError(ValueError):
-    """A flag combination argparse cannot express (reported through ``parser.error``, exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -158,13 +154,13 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         job = resolve_arguments(args)
+    except TrainSetupError as e:  # first: a UsageError too, but of the settings, not of the flags
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except UsageError as e:
         parser = getattr(args, "train_parser", None)
         if parser is not None:
             parser.error(str(e))  # exits 2 after the usage line
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except TrainSetupError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mrcnn.config import Canvas, Config
+from mrcnn.exits import UsageError
 from mrcnn.structures import ImageBatch
 
 _DTYPES = (torch.uint8, torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -55,7 +56,7 @@ def select_canvas(sizes: list[tuple[int, int]], cfg: Config) -> Canvas:
     fitting = [c for c in cfg.canvases if all(h <= c[0] and w <= c[1] for h, w in sizes)]
     if not fitting:
         biggest = (max(h for h, _ in sizes), max(w for _, w in sizes))
-        raise ValueError(
+        raise UsageError(
             f"no canvas of config {cfg.name!r} holds the resized image(s): need at least "
             f"{biggest[0]}x{biggest[1]} (HxW), canvases are {list(cfg.canvases)}; add a larger canvas "
             f"or lower min_size/max_size"

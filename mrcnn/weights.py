@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from torchvision.ops import FrozenBatchNorm2d
 
 from mrcnn.config import Config, get_config
+from mrcnn.exits import UsageError
 from mrcnn.reference import torchvision_model
 from mrcnn.torch_files import read_torch_file
 
@@ -23,12 +24,12 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, Tensor]:
     """A state_dict file (or a checkpoint holding one under "model", as torchvision's reference scripts
     and ``mrcnn train`` write); ValueError naming the file when it is not one."""
     if not os.path.isfile(path):
-        raise ValueError(f"weights file not found: {path}")
+        raise UsageError(f"weights file not found: {path}")
     state = read_torch_file(path, "weights file")
     if isinstance(state, Mapping) and "model" in state and isinstance(state["model"], Mapping):
         state = state["model"]
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        raise ValueError(f"{path}: not a state_dict (a mapping of parameter names to tensors)")
+        raise UsageError(f"{path}: not a state_dict (a mapping of parameter names to tensors)")
     return dict(state)
 
 
@@ -52,7 +53,7 @@ def load_torchvision_weights(model: nn.Module, weights: Mapping[str, Tensor] | s
         def head(keys: list[str]) -> str:
             return ", ".join(keys[:5]) + (f" (+{len(keys) - 5} more)" if len(keys) > 5 else "")
 
-        raise ValueError(
+        raise UsageError(
             "checkpoint does not match the model: "
             f"{len(missing)} missing [{head(missing)}], {len(unexpected)} unexpected [{head(unexpected)}], "
             f"{len(shapes)} with other shapes [{head(sorted(shapes))}]"

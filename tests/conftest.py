@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 # XLA:CPU's LLVM back end unoptimised compiles a graph in about half the time (results/ci_time/).
@@ -13,6 +15,10 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 # The packages the tests build go on an allow-list of their own, not the user's (mrcnn.export.trust).
 os.environ.setdefault("MRCNN_TRUSTED_PACKAGES", os.path.join(tempfile.mkdtemp(prefix="mrcnn-tests-"), "trusted.txt"))
+
+# bench/ on the path: the studies' logic that tests check lives beside each study (studies.<question>.*),
+# outside the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import pytest
 import torch

@@ -1,6 +1,8 @@
 """The line between the library and everything that measures, checked on the source tree.
 
 - no import cycle among the project's modules, counting imports inside functions too;
+- the harness is a house of rooms (subpackages): every module in exactly one, and each room imports only
+  the rooms its ``__init__`` allows (its ``May import:`` line, read by ``tests.helpers.module_map``);
 - ``mrcnn`` never imports the harness, carries no benchmark knobs and names no results folder;
 - an import inside a function says why (a comment on its line or the line above);
 - the library installs and runs without the harness's and XLA's packages.
@@ -18,6 +20,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.module_map import loose_modules, may_import, rooms
 
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = {"mrcnn": REPO / "mrcnn", "mrcnn_bench": REPO / "bench" / "mrcnn_bench"}
@@ -120,8 +124,62 @@ def test_no_import_cycles():
 def test_nothing_imports_the_command_lines():
     """The CLI modules read argv and call commands through typed options; no command calls back into them."""
     graph = _graph()
-    assert {"mrcnn_bench.cli", "mrcnn.cli", "mrcnn_bench.runner", "mrcnn_bench.records"} <= set(graph)
-    assert sorted(name for name, deps in graph.items() if deps & {"mrcnn_bench.cli", "mrcnn.cli"}) == []
+    clis = {name for name in graph if name.startswith("mrcnn_bench.cli.")} | {"mrcnn.cli"}
+    assert {"mrcnn_bench.cli.commands", "mrcnn_bench.running.runner", "mrcnn_bench.running.records"} <= set(graph)
+    callers = {name for name, deps in graph.items() if deps & clis}
+    assert sorted(c for c in callers if c not in clis and c != "mrcnn_bench.__main__") == []
+
+
+def _room(module: str) -> str | None:
+    """The room of a harness module (``mrcnn_bench.<room>[.<module>]``); None outside the harness's rooms."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "mrcnn_bench" and len(parts) > 1 and parts[1] != "__main__" else None
+
+
+def room_violations(graph: dict[str, set[str]], allowed: dict[str, frozenset[str] | None]) -> list[str]:
+    """``a imports b`` for each import from one room into another that ``allowed`` (room -> the rooms it
+    may import; None: every room) does not permit."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        here = _room(name)
+        if here is None:
+            continue
+        for dep in sorted(deps):
+            there = _room(dep)
+            if there is None or there == here:
+                continue
+            rule = allowed.get(here, frozenset())
+            if rule is not None and there not in rule:
+                found.append(f"{name} imports {dep}: room {here} may import {sorted(rule) or 'no room'}")
+    return found
+
+
+def test_room_rule_catches_an_import_it_does_not_allow():
+    graph = {"mrcnn_bench.running.runner": {"mrcnn_bench.gates.stats", "mrcnn_bench.base.timing"},
+             "mrcnn_bench.gates.stats": {"mrcnn_bench.base.defaults", "mrcnn_bench.gates.ab"},
+             "mrcnn_bench.cli.commands": {"mrcnn_bench.changes.steps"}}  # fmt: skip
+    allowed = {"running": frozenset({"base"}), "gates": frozenset({"base", "running"}), "cli": None}
+    assert room_violations(graph, allowed) == [
+        "mrcnn_bench.running.runner imports mrcnn_bench.gates.stats: room running may import ['base']"]
+    assert may_import("What it is for.\n\nMay import: ``base``,\n``running``.\n") == {"base", "running"}
+    assert may_import("For.\n\nMay import: every other room.") is None
+
+
+def test_every_harness_module_is_in_exactly_one_room():
+    assert loose_modules() == []
+    found = rooms()
+    assert len(found) >= 5, "the room walk found too few rooms"
+    names = [f"{r.name}.{m}" for r in found for m, _ in r.modules]
+    assert len(names) == len(set(names)) > 40
+    assert {f"mrcnn_bench.{n}" for n in names} == {m for m in MODULES if _room(m) and m.count(".") == 2}
+    assert not list((REPO / "bench" / "mrcnn_bench").glob("*/*/*.py")), "rooms hold modules, not rooms"
+
+
+def test_each_room_imports_only_the_rooms_it_allows():
+    allowed = {r.name: r.may_import for r in rooms()}
+    unknown = {n: sorted(a - set(allowed)) for n, a in allowed.items() if a is not None and a - set(allowed)}
+    assert unknown == {}, "a room allows a room that does not exist"
+    assert room_violations(_graph(), allowed) == []
 
 
 def test_library_never_imports_the_harness():
@@ -171,6 +229,41 @@ def test_imports_inside_functions_say_why():
             if nested and "#" not in lines[lineno - 1] and not _block_has_comment(lines, lineno - 1):
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}: {lines[lineno - 1].strip()}")
     assert sorted(set(offenders)) == []
+
+
+def _raised_names(path: Path) -> dict[str, list[int]]:
+    """Exception name -> lines, for each ``raise Name(...)`` / ``raise Name`` in the module at ``path``."""
+    found: dict[str, list[int]] = {}
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name):
+                found.setdefault(exc.id, []).append(node.lineno)
+    return found
+
+
+def test_the_command_lines_raise_usage_errors_not_plain_value_errors():
+    """What the harness's command-line room checks is the user's input: a plain ``raise ValueError`` there
+    would report the user's mistake as a bug (exit 3, :mod:`mrcnn.exits`). It raises UsageError, as it
+    must in number for this check to mean something."""
+    cli = {name: path for name, path in MODULES.items() if name.startswith("mrcnn_bench.cli.")}
+    raised = {name: _raised_names(path) for name, path in cli.items()}
+    assert {name: r["ValueError"] for name, r in raised.items() if "ValueError" in r} == {}
+    assert sum(len(r.get("UsageError", [])) for r in raised.values()) >= 10, raised
+
+
+def test_every_value_error_subclass_is_a_usage_error():
+    """An exception class of its own that subclasses ValueError names bad input (a file, a ref, a baseline):
+    it subclasses :class:`mrcnn.exits.UsageError`, or the command lines would call it a bug."""
+    bases: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(b, ast.Name) and b.id.endswith("Error")
+                                                      for b in node.bases):
+                bases[f"{name}.{node.name}"] = [b.id for b in node.bases if isinstance(b, ast.Name)]
+    assert bases["mrcnn.exits.UsageError"] == ["ValueError"]
+    assert {c: b for c, b in bases.items() if "ValueError" in b} == {"mrcnn.exits.UsageError": ["ValueError"]}
+    assert len([c for c, b in bases.items() if "UsageError" in b]) >= 5, bases
 
 
 def test_source_files_stay_small():
@@ -239,3 +332,19 @@ def test_library_runs_with_optional_packages_blocked():
                           capture_output=True, text=True, env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.startswith("ok"), proc.stdout
+
+
+def test_the_harness_takes_new_library_basics_through_base():
+    """A harness module runs beside another checkout's mrcnn (worker rows, asv's old commits), which may
+    lack mrcnn.files and mrcnn.exits.UsageError: only ``mrcnn_bench.base`` imports them, with a fallback."""
+    offenders = []
+    for name, path in MODULES.items():
+        if not name.startswith("mrcnn_bench") or name.startswith("mrcnn_bench.base"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "mrcnn.files":
+                offenders.append(f"{name}:{node.lineno} imports mrcnn.files")
+            if isinstance(node, ast.ImportFrom) and node.module == "mrcnn.exits" and any(
+                    a.name == "UsageError" for a in node.names):
+                offenders.append(f"{name}:{node.lineno} imports mrcnn.exits.UsageError")
+    assert offenders == []

@@ -20,8 +20,11 @@ import torch
 from mrcnn import cli as mrcnn_cli
 from mrcnn import exits, progress
 from mrcnn.engine.hooks import ProgressBar
-from mrcnn_bench import cli, defaults
-from mrcnn_bench.cases import CASES, STREAM_IMAGES
+from mrcnn_bench.base import defaults
+from mrcnn_bench.cli import args as cli_args
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.cli import options as cli_options
+from mrcnn_bench.running.cases import CASES, STREAM_IMAGES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -70,9 +73,9 @@ def test_help_defaults_are_the_commands_constants(capsys):
     run = parsers["run"].parse_args([])
     assert (run.rounds, run.warmup) == (defaults.RUN_ROUNDS, defaults.RUN_WARMUP)
     # --images: the default stream's length, or a fixed size's count (cli.run_workload)
-    assert cli.run_workload(run).images == STREAM_IMAGES
+    assert cli_options.run_workload(run).images == STREAM_IMAGES
     fixed = parsers["run"].parse_args(["--image-size", "240x320"])
-    assert cli.run_workload(fixed).images == defaults.RUN_IMAGES
+    assert cli_options.run_workload(fixed).images == defaults.RUN_IMAGES
     gate = parsers["gate"].parse_args([])
     assert (gate.latency_rounds, gate.latency_cases) == (defaults.COMPARE_ROUNDS, defaults.COMPARE_CASES)
     assert parsers["report"].parse_args(["x"]).out == defaults.REPORT_OUT
@@ -88,7 +91,8 @@ def test_help_defaults_are_the_commands_constants(capsys):
 
 
 def test_runner_and_compare_use_the_same_defaults():
-    from mrcnn_bench import ab, runner, stats
+    from mrcnn_bench.gates import ab, stats
+    from mrcnn_bench.running import runner
 
     assert runner.RunOptions.__dataclass_fields__["rounds"].default == defaults.RUN_ROUNDS
     assert ab.CompareOptions.__dataclass_fields__["alpha"].default == defaults.ALPHA
@@ -102,7 +106,7 @@ def test_runner_and_compare_use_the_same_defaults():
 FAST = """
 import sys
 from mrcnn import cli as m
-from mrcnn_bench import cli as b
+from mrcnn_bench.cli import commands as b
 codes = [m.main(["--help"]), m.main(["--version"]), b.main(["--version"])]
 codes += [b.main([c, "--help"]) for c in ("run", "compare", "gate", "report", "check-benchmarks", "list")]
 codes.append(b.main(["--help"]))
@@ -163,8 +167,73 @@ def test_a_bug_is_an_internal_error_with_its_traceback_in_a_log(main, argv, prog
     assert "Traceback" in log.read_text() and "boom" in log.read_text()
 
 
+def _break_a_command(prog: str, error: BaseException, monkeypatch) -> None:
+    """Make the command of ``_COMMANDS`` (``prog``'s) raise ``error``."""
+
+    def broken(*args, **kwargs):
+        raise error
+
+    if prog == "mrcnn":
+        monkeypatch.setattr("mrcnn.data.synthetic.run", broken)
+    else:
+        monkeypatch.setattr(cli, "cmd_list", broken)
+
+
+_COMMANDS = [(mrcnn_cli.main, ["synth", "--out", "x"], "mrcnn"), (cli.main, ["list"], "mrcnn-bench")]
+
+
+@pytest.mark.parametrize(("main", "argv", "prog"), _COMMANDS)
+def test_a_plain_value_error_is_a_bug_not_the_users_mistake(main, argv, prog, tmp_path, monkeypatch, capsys):
+    """Only a UsageError says "your input": a ValueError from a check inside the code is exit 3, with its log."""
+    _break_a_command(prog, ValueError("an internal invariant broke"), monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(argv) == exits.INTERNAL
+    err = capsys.readouterr().err
+    assert f"{prog} {argv[0]}: internal error: ValueError: an internal invariant broke" in err
+    assert "Traceback" not in err and exits.REPORT_BUG in err
+    (log,) = tmp_path.glob(f"{prog}-error-*.log")
+    assert "Traceback" in log.read_text() and "an internal invariant broke" in log.read_text()
+
+
+@pytest.mark.parametrize(("main", "argv", "prog"), _COMMANDS)
+@pytest.mark.parametrize("error", [exits.UsageError("--thing: no such file: x.json"),
+                                   FileNotFoundError("--thing: no such file: x.json"),
+                                   PermissionError("--thing: no such file: x.json")], ids=type)
+def test_a_usage_error_or_an_os_error_is_one_line_and_exit_2(main, argv, prog, error, tmp_path, monkeypatch,
+                                                             capsys):
+    _break_a_command(prog, error, monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(argv) == exits.UNDECIDED
+    err = capsys.readouterr().err
+    assert err == f"{prog} {argv[0]}: error: --thing: no such file: x.json\n"
+    assert not list(tmp_path.glob(f"{prog}-error-*.log")), "an input error is no bug: no log"
+
+
+def test_the_input_errors_of_the_library_and_the_harness_are_usage_errors():
+    """Every exception type that names bad input exits 2 through :func:`mrcnn.exits.guarded`, and still
+    is a ValueError for the library callers that catch that."""
+    from mrcnn.data.coco import CocoFormatError
+    from mrcnn.engine.config import TrainSetupError
+    from mrcnn.export.trust import UntrustedPackageError
+    from mrcnn_bench.base.errors import UsageError as harness_usage_error
+    from mrcnn_bench.base.vcs import GitError
+    from mrcnn_bench.gates.accuracy_baseline import BaselineError
+    from mrcnn_bench.running.cases import UserCasesError
+
+    assert harness_usage_error is exits.UsageError, "one type: the harness's is the library's"
+    assert issubclass(exits.UsageError, ValueError)
+    for kind in (CocoFormatError, TrainSetupError, UntrustedPackageError, GitError, BaselineError, UserCasesError):
+        assert issubclass(kind, exits.UsageError), kind
+
+        def refuse(kind: type[Exception] = kind) -> int:
+            raise kind("bad input")
+
+        assert exits.guarded("prog", refuse) == exits.UNDECIDED, kind
+
+
 def test_run_saves_the_run_file_before_printing_the_table(tmp_path, monkeypatch, capsys):
-    from mrcnn_bench import records, report, runner, store
+    from mrcnn_bench.reports import report
+    from mrcnn_bench.running import records, runner, store
 
     done = []
     monkeypatch.setattr(runner, "run", lambda opts: SimpleNamespace(rows=[], info=SimpleNamespace(
@@ -253,12 +322,12 @@ def test_list_names_every_case_and_why_one_cannot_run_here(capsys):
 
 def test_cpu_pinning_takes_a_taskset_list_of_cpus_this_process_may_use(capsys):
     allowed = sorted(os.sched_getaffinity(0))
-    assert cli.parse_cpus(f"{allowed[0]}") == (allowed[0],)
+    assert cli_args.parse_cpus(f"{allowed[0]}") == (allowed[0],)
     if len(allowed) > 1:
-        assert cli.parse_cpus(f"{allowed[0]}-{allowed[1]}") == tuple(range(allowed[0], allowed[1] + 1))
+        assert cli_args.parse_cpus(f"{allowed[0]}-{allowed[1]}") == tuple(range(allowed[0], allowed[1] + 1))
     for bad in ("x", "9999", ""):
         with pytest.raises(argparse.ArgumentTypeError):
-            cli.parse_cpus(bad)
+            cli_args.parse_cpus(bad)
     assert cli.main(["run", "--cpus", "9999"]) == exits.UNDECIDED
     assert "may use only" in capsys.readouterr().err
 

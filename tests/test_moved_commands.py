@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mrcnn import cli as mrcnn_cli
-from mrcnn_bench import cli as bench_cli
+from mrcnn_bench.cli import commands as bench_cli
 
 
 def test_accuracy_gate_moved_to_the_harness(capsys):

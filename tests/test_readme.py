@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.module_map import documented_map, render, rooms
+
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
@@ -162,3 +164,58 @@ def test_every_docs_page_is_linked_from_the_readme():
     linked = {(REPO / t).resolve() for t in relative_links(README.read_text())}
     unlinked = [p.name for p in sorted(DOCS.glob("*.md")) if p.resolve() not in linked]
     assert not unlinked, f"docs pages the README does not link to: {unlinked}"
+
+
+def test_the_module_map_in_the_docs_is_the_trees():
+    """docs/harness.md's module map is the one written from the rooms and their modules' docstrings."""
+    documented = documented_map()
+    assert documented is not None, "docs/harness.md has lost its module map markers"
+    assert documented == render(), "the module map is stale: rewrite it with `python -m tests.helpers.module_map`"
+    assert all(f"    {m}.py" in documented for room in rooms() for m, _ in room.modules)
+
+
+def test_the_package_docstring_names_every_room():
+    doc = (REPO / "bench" / "mrcnn_bench" / "__init__.py").read_text()
+    assert [r.name for r in rooms() if f"``{r.name}``" not in doc] == []
+
+
+BENCH_README = REPO / "bench" / "README.md"
+
+
+def test_bench_readme_names_every_way_in():
+    """bench/README.md lists every subcommand, asv tool, make target, tool and study: a new one without a
+    line there fails here, and so does a line left behind for one that is gone."""
+    from mrcnn_bench.cli import asv, commands
+
+    text = BENCH_README.read_text()
+    subcommands = commands.build_parser()._subparsers._group_actions[0].choices
+    targets = re.findall(r"^([a-z][\w-]*):", (REPO / "Makefile").read_text(), re.M)
+    tools = sorted(p.name for p in (REPO / "bench" / "tools").glob("*.py"))
+    studies = sorted(p.parent.name for p in (REPO / "bench" / "studies").glob("*/README.md"))
+    assert len(subcommands) >= 10 and len(targets) >= 15 and tools and len(studies) >= 20
+    missing = [f"mrcnn-bench {c}" for c in subcommands if f"mrcnn-bench {c}" not in text]
+    missing += [f"mrcnn-bench asv {t}" for t in asv.TOOLS if f"mrcnn-bench asv {t}" not in text]
+    missing += [f"make {t}" for t in targets if not re.search(rf"(make |`){t}\b", text)]
+    missing += [f"bench/tools/{t}" for t in tools if f"bench/tools/{t}" not in text]
+    missing += [f"studies/{s}/README.md" for s in studies if f"(studies/{s}/README.md)" not in text]
+    assert missing == []
+    named_tools = set(re.findall(r"bench/tools/(\w+\.py)", text))
+    named_studies = set(re.findall(r"\(studies/(\w+)/README\.md\)", text))
+    named_targets = set(re.findall(r"^make ([a-z][\w-]*)", text, re.M))
+    stale = (named_tools - set(tools)) | (named_studies - set(studies)) | (named_targets - set(targets))
+    assert stale == set()
+
+
+def test_every_harness_module_the_docs_name_exists():
+    """A dotted name ``mrcnn_bench.<room>.<module>[.<attribute>]`` in the README, docs/ or bench/README.md
+    names a module of the tree (a module that moved or went takes its mentions with it)."""
+    pages = [README, BENCH_README, *sorted(DOCS.glob("*.md"))]
+    package = REPO / "bench" / "mrcnn_bench"
+    stale = []
+    for page in pages:
+        for room, module in re.findall(r"\bmrcnn_bench\.(\w+)\.(\w+)", page.read_text()):
+            if (package / room).is_dir() and not (package / room / f"{module}.py").is_file():
+                stale.append(f"{page.relative_to(REPO)}: mrcnn_bench.{room}.{module}")
+            elif not (package / room).is_dir() and not (package / f"{room}.py").is_file():
+                stale.append(f"{page.relative_to(REPO)}: mrcnn_bench.{room}")
+    assert stale == []

@@ -1,4 +1,4 @@
-"""asv front end over the harness's cases (``mrcnn_bench.cases``): see ``benchmarks.py``.
+"""asv front end over the harness's cases (``mrcnn_bench.running.cases``): see ``benchmarks.py``.
 
 asv imports this package by its name only. Putting ``bench/`` on the path makes ``mrcnn_bench`` the
 harness of this checkout for every commit benchmarked, while ``mrcnn``, the code under test, stays

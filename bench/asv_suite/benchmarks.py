@@ -2,7 +2,7 @@
 
 asv calls ``setup_cache`` of :class:`_Commit` once per commit (every class below inherits it, and
 asv keys the cache by the method's source line, so they all share it). It runs
-:func:`mrcnn_bench.history.measure_commit`: each tracked case timed against the ruler in processes
+:func:`mrcnn_bench.history.commit.measure_commit`: each tracked case timed against the ruler in processes
 of its own (several per inference case, pooled), the compile probes, and the fixed checkpoint's
 AP. The ``track_`` methods only read that record, so no benchmark recompiles the model and no
 compilation can fall inside a timed sample.
@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench.cases import CASES, TRACKED
-from mrcnn_bench.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
-from mrcnn_bench.history import COUNTERS, Part, compiled, measure_commit
-from mrcnn_bench.profile import STAGE_KEYS
-from mrcnn_bench.shared_rounds import staged
+from mrcnn_bench.history.commit import COUNTERS, Part, compiled, measure_commit
+from mrcnn_bench.history.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
+from mrcnn_bench.history.shared_rounds import staged
+from mrcnn_bench.running.cases import CASES, TRACKED
+from mrcnn_bench.running.profile import STAGE_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ INFERENCE = [n for n in TRACKED if CASES[n].phase == "inference"]
 TRAINING = [n for n in TRACKED if CASES[n].phase == "training"]
 COMPILED = [n for n in TRACKED if compiled(n)]
 STAGED = [n for n in INFERENCE if staged(CASES[n])]
-SERIES = "shared-rounds-1"  # the version of the series measured by mrcnn_bench.shared_rounds
+SERIES = "shared-rounds-1"  # the version of the series measured by mrcnn_bench.history.shared_rounds
 RATIO_UNIT = "ratio to the ruler (torchvision eager, fixed across commits) in the same rounds; lower is better"
 CASES_ENV = "MRCNN_ASV_CASES"
 
@@ -69,7 +69,7 @@ def measured_cases() -> tuple[str, ...]:
 
 class _Commit:
     """The one measurement of a commit. Its own repetition is inside: 20 to 200 interleaved rounds
-    per case (:data:`mrcnn_bench.interleaved.DEFAULT_BUDGET_S` seconds of them); asv runs each
+    per case (:data:`mrcnn_bench.history.interleaved.DEFAULT_BUDGET_S` seconds of them); asv runs each
     ``track_`` once."""
 
     timeout = 3600  # setup_cache: every part of the commit, one after another
@@ -133,7 +133,7 @@ class Latency(_Commit):
 
 
 class Stages(_Commit):
-    """Inference stage by stage (backbone, RPN, heads, ...: mrcnn_bench.profile.STAGE_KEYS), for the
+    """Inference stage by stage (backbone, RPN, heads, ...: mrcnn_bench.running.profile.STAGE_KEYS), for the
     eager cases, timed in the same calls as the whole: when a ratio steps, the stages that stepped
     with it say where."""
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torchvision.models.detection import maskrcnn_resnet50_fpn_v2
 
 from mrcnn.config import Config
-from mrcnn_bench.cases import Case, add_case, register_implementation
+from mrcnn_bench.running.cases import Case, add_case, register_implementation
 
 register_implementation("tv_v2", interface="torchvision", builder="my_cases:maskrcnn_v2")
 add_case(Case("tv_v2"))

@@ -8,7 +8,7 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")  # before torch_xla is imported (by 
 
 import torch  # after PJRT_DEVICE
 
-from mrcnn_bench.store import cpu_model
+from mrcnn_bench.running.store import cpu_model
 
 QUICK_ROUNDS = 5  # CI's: the suite there checks that every case runs and compiles once, not its speed
 

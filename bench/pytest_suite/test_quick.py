@@ -12,11 +12,12 @@ import os
 import pytest
 import torch
 
-from mrcnn_bench import backends, timing
-from mrcnn_bench.cases import CASES, QUICK, QUICK_WORKLOAD, Row
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.pipelines import Pipeline
-from mrcnn_bench.probes import count_flops
+from mrcnn_bench.base import timing
+from mrcnn_bench.running import backends
+from mrcnn_bench.running.cases import CASES, QUICK, QUICK_WORKLOAD, Row
+from mrcnn_bench.running.context import ContextOptions, make_context
+from mrcnn_bench.running.pipelines import Pipeline
+from mrcnn_bench.running.probes import count_flops
 
 TIMED_INDEX = 1  # the call every round times; it is also the warm-up call, so its compile is never timed
 COMPILE_COUNTERS = ("uncached_compile", "unique_graphs", "graph_breaks", "recompiles")  # XLA's, dynamo's

@@ -7,7 +7,7 @@ drift of the machine's speed hits both alike; each timed call is appended at onc
 file as ``{"key": "<prefix><round>:<variant>", "round", "variant", "seconds", ...}``, and a rerun
 skips the keys already there, so an interrupted run resumes in a new process (each round still
 pairs its variants within one process). The figure is the median over rounds of the per-round
-ratio, with its 95% bootstrap interval (:func:`mrcnn_bench.stats.paired_ratio_ci`).
+ratio, with its 95% bootstrap interval (:func:`mrcnn_bench.gates.stats.paired_ratio_ci`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench import timing
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.stats import paired_ratio_ci
+from mrcnn_bench.base import timing
+from mrcnn_bench.gates.stats import paired_ratio_ci
+from mrcnn_bench.running.journal import read_lines
 
 
 def done_keys(path: Path, key: str = "key") -> set:

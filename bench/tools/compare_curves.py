@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mrcnn_bench.journal import read_lines
+from mrcnn_bench.running.journal import read_lines
 
 LOSSES = ("loss", "loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
 

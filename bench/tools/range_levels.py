@@ -4,7 +4,7 @@
         [--results results/asv] [--repo .] [--out FILE.md]
 
 A level is the run of commits after each ``[slowdown]`` commit of the range (the subjects that
-``bench/tools/asv_scratch.py`` writes); level 0 is before the first. For every held ratio
+``mrcnn-bench asv scratch`` writes); level 0 is before the first. For every held ratio
 (``Latency``, ``Training``) and every stage ratio (``Stages``) of the machine, the table gives
 each level's mean over its measured commits, the number of commits and their coefficient of
 variation, and the change of the mean against the level before. Read with
@@ -21,9 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mrcnn_bench import asv_results_table, history_series
+from mrcnn_bench.changes import asv_results_table, history_series
 
-MARK = "[slowdown]"  # the kind in a range commit's subject (mrcnn_bench.scratch_range.message)
+MARK = "[slowdown]"  # the kind in a range commit's subject (mrcnn_bench.history.scratch_range.message)
 
 
 def levels_of(repo: Path, line: list[str]) -> dict[str, int]:

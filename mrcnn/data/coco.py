@@ -59,13 +59,14 @@ from torch.utils.data import Dataset
 
 from mrcnn.config import Config
 from mrcnn.data.images import rgb8
+from mrcnn.exits import UsageError
 
 LabelMode = Literal["contiguous", "category_id"]
 
 COCO_NUM_CLASSES = 91  # torchvision's COCO models: background + category ids 1..90 (with gaps)
 
 
-class CocoFormatError(ValueError):
+class CocoFormatError(UsageError):
     """An annotation file that cannot be used as it is; the message names the file and the id."""
 
 
@@ -215,7 +216,7 @@ class CocoDataset(Dataset):
         max_label = max(self.label_to_category_id, default=0)
         if num_classes is not None and max_label >= num_classes:
             hint = " (use label_mode='contiguous')" if label_mode == "category_id" else ""
-            raise ValueError(
+            raise UsageError(
                 f"{self.ann_file}: labels go up to {max_label} ({len(cat_ids)} categories, "
                 f"label_mode={label_mode!r}) but num_classes is {num_classes}{hint}"
             )
@@ -423,7 +424,7 @@ class CocoDataset(Dataset):
         out = []
         for label in np.asarray(labels).reshape(-1).tolist():
             if label not in self.label_to_category_id:
-                raise ValueError(
+                raise UsageError(
                     f"label {label} has no category in {self.ann_file} (labels: {sorted(self.label_to_category_id)})"
                 )
             out.append(self.label_to_category_id[label])

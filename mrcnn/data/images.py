@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from mrcnn.exits import UsageError
+
 # Pillow's 16-bit greyscale modes (PNG, TIFF): convert("RGB") clips them at 255 instead of scaling.
 _SIXTEEN_BIT = frozenset({"I;16", "I;16B", "I;16L", "I;16N"})
 
@@ -21,5 +23,5 @@ def rgb8(pil: Image.Image) -> np.ndarray:
         return np.repeat(grey[..., None], 3, axis=2)
     if pil.mode in ("I", "F"):
         kind = "integer" if pil.mode == "I" else "float"
-        raise ValueError(f"32-bit {kind} pixels (mode {pil.mode}) have no stated range: save it as 8 or 16 bits")
+        raise UsageError(f"32-bit {kind} pixels (mode {pil.mode}) have no stated range: save it as 8 or 16 bits")
     return np.asarray(pil.convert("RGB"))

@@ -39,7 +39,8 @@ import numpy as np
 import pycocotools.mask as mask_utils
 from PIL import Image, ImageDraw
 
-from mrcnn.exits import guarded
+from mrcnn.exits import UsageError, guarded
+from mrcnn.files import atomic_write
 from mrcnn.progress import add_progress_flag
 from mrcnn.progress import progress as progress_bar
 
@@ -299,7 +300,7 @@ def generate(
         ``out_dir`` as a Path, ready for ``CocoDataset(out_dir, split)``.
     """
     if count < 0:
-        raise ValueError(f"count must be >= 0, got {count}")
+        raise UsageError(f"count must be >= 0, got {count}")
     if image_format not in ("png", "jpg"):
         raise ValueError(f"image_format must be 'png' or 'jpg', got {image_format!r}")
     root = Path(out_dir)
@@ -336,7 +337,7 @@ def generate(
         "categories": [{"id": k + 1, "name": name, "supercategory": "shape"} for k, name in enumerate(CATEGORIES)],
     }
     ann_file = root / "annotations" / f"instances_{split}.json"
-    ann_file.write_text(json.dumps(dataset, separators=(",", ":")))
+    atomic_write(ann_file, json.dumps(dataset, separators=(",", ":")))
     return root
 
 

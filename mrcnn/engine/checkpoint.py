@@ -9,7 +9,6 @@ position (epoch and batches consumed in it), every rank's RNG states (torch, CUD
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mrcnn.exits import UsageError
+from mrcnn.files import atomic_open
 from mrcnn.torch_files import read_torch_file
 
 _CHECKPOINT_RE = re.compile(r"checkpoint_(\d+)\.pt$")
@@ -53,15 +54,14 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = resolve_checkpoint(path)
     state = read_torch_file(path, "checkpoint")
     if not isinstance(state, dict):
-        raise ValueError(f"{path}: not a checkpoint (a dict written by mrcnn train), got {type(state).__name__}")
+        raise UsageError(f"{path}: not a checkpoint (a dict written by mrcnn train), got {type(state).__name__}")
     return state
 
 
 def atomic_save(obj: Any, path: Path) -> None:
     """``torch.save`` to a temporary file, then rename: a crash never leaves a half-written checkpoint."""
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    with atomic_open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def rng_state() -> dict[str, Any]:

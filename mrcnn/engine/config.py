@@ -12,13 +12,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from mrcnn.exits import UsageError
+
 IMPLS: tuple[str, ...] = ("static", "torchvision")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "adamw")
 INITS: tuple[str, ...] = ("default", "zero_residual")
 
 
-class TrainSetupError(ValueError):
+class TrainSetupError(UsageError):
     """Options or inputs a run cannot start with; the message names the option and the problem."""
 
 

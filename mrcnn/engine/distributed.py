@@ -14,6 +14,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mrcnn.exits import UsageError
+
 
 @dataclasses.dataclass(frozen=True)
 class DistInfo:
@@ -33,11 +35,20 @@ class DistInfo:
 
 def env_world_size() -> int:
     """Ranks torchrun launched (1 outside torchrun); readable before the group exists."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    return _env_int("WORLD_SIZE", 1)
 
 
 def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
+    return _env_int("RANK", 0)
+
+
+def _env_int(name: str, default: int) -> int:
+    """``$name`` as an int (``default`` when unset); UsageError naming the variable otherwise."""
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise UsageError(f"${name} must be an integer, got {text!r}") from None
 
 
 def init_distributed(device: str) -> DistInfo:

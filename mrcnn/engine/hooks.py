@@ -14,6 +14,7 @@ from mrcnn.data.coco import CocoDataset
 from mrcnn.engine.checkpoint import atomic_save, checkpoint_path, rng_state
 from mrcnn.engine.distributed import all_gather_objects, barrier
 from mrcnn.engine.trainer import Hook, Trainer
+from mrcnn.exits import UsageError
 from mrcnn.progress import progress
 
 METRICS_FILE = "metrics.jsonl"
@@ -110,8 +111,12 @@ class MetricsWriter(Hook):
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the records of ``path`` up to ``step``."""
+    """Keep the records of ``path`` up to ``step``; UsageError for a file that does not hold metrics records."""
     if not path.is_file():
         return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines() if line and json.loads(line)["step"] <= step]
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if line and json.loads(line)["step"] <= step]
+    except (ValueError, KeyError, TypeError) as e:  # a damaged or foreign file in --out
+        raise UsageError(f"{path}: not the metrics of mrcnn train ({type(e).__name__}: {e})") from None
     path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")

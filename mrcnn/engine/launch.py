@@ -30,6 +30,7 @@ from mrcnn.engine.hooks import MetricsWriter, PeriodicCheckpointer, PeriodicEval
 from mrcnn.engine.precision import grad_scaler
 from mrcnn.engine.schedule import build_optimizer, build_scheduler
 from mrcnn.engine.trainer import Hook, Trainer
+from mrcnn.exits import UsageError
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def load_split(root: Path, split: str, cfg: Config) -> CocoDataset:
         return CocoDataset.from_config(root, split, cfg)
     except CocoFormatError:
         raise
-    except ValueError as e:  # e.g. more categories than cfg.num_classes
+    except UsageError as e:  # e.g. more categories than cfg.num_classes
         raise TrainSetupError(str(e)) from e
 
 

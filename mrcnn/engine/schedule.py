@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from mrcnn.engine.config import OPTIMIZERS
+from mrcnn.exits import UsageError
 
 
 class WarmupMultiStep:
@@ -34,7 +35,7 @@ class WarmupMultiStep:
         self, warmup_iters: int, warmup_factor: float, milestones: Sequence[int] = (), gamma: float = 0.1
     ) -> None:
         if list(milestones) != sorted(milestones):
-            raise ValueError(f"lr milestones must be increasing, got {list(milestones)}")
+            raise UsageError(f"lr milestones must be increasing, got {list(milestones)}")
         self.warmup_iters, self.warmup_factor = int(warmup_iters), float(warmup_factor)
         self.milestones, self.gamma = [int(m) for m in milestones], float(gamma)
 

@@ -38,6 +38,7 @@ from mrcnn.engine.config import TrainConfig
 from mrcnn.engine.data import epoch_loader
 from mrcnn.engine.distributed import DistInfo, mean_over_ranks, per_rank_counts
 from mrcnn.engine.precision import autocast
+from mrcnn.exits import UsageError
 
 LOSS_NAMES: tuple[str, ...] = ("loss_objectness", "loss_rpn_box_reg", "loss_classifier", "loss_box_reg", "loss_mask")
 
@@ -156,7 +157,7 @@ class Trainer:
         different --set or --impl would otherwise continue as if it were the same run."""
         absent = [k for k in ("model", "optimizer", "scheduler", "step", "epoch", "offset", "rng") if k not in ckpt]
         if absent:
-            raise ValueError(f"--resume: {path} is not a checkpoint of mrcnn train (no {', '.join(absent)}); "
+            raise UsageError(f"--resume: {path} is not a checkpoint of mrcnn train (no {', '.join(absent)}); "
                              "to start from its weights, use --weights")
         theirs, ours = ckpt.get("config"), json.loads(json.dumps(dataclasses.asdict(self.cfg)))
         if isinstance(theirs, dict):
@@ -164,10 +165,10 @@ class Trainer:
             differ = [f"{k} {theirs.get(k)!r} there, {ours.get(k)!r} here" for k in sorted({*theirs, *ours})
                       if theirs.get(k) != ours.get(k)]
             if differ:
-                raise ValueError(f"--resume: {path} was trained with another config ({'; '.join(differ[:4])}): "
+                raise UsageError(f"--resume: {path} was trained with another config ({'; '.join(differ[:4])}): "
                                  "give its --preset and --set, or start a new run in another --out")
         if ckpt.get("impl", self.options.impl) != self.options.impl:
-            raise ValueError(f"--resume: {path} was trained with --impl {ckpt['impl']}, not {self.options.impl}")
+            raise UsageError(f"--resume: {path} was trained with --impl {ckpt['impl']}, not {self.options.impl}")
 
     # -- the loop ---------------------------------------------------------------------------------
 

@@ -21,12 +21,13 @@ import torch
 from torch import nn
 
 from mrcnn.config import Canvas, Config, get_config
-from mrcnn.exits import guarded
+from mrcnn.exits import UsageError, guarded
 from mrcnn.export.compare import check_images, check_outputs, describe_check
 from mrcnn.export.core import FORMATS
 from mrcnn.export.deployed import load_exported
 from mrcnn.export.package import build_packages
 from mrcnn.export.ppm import write_ppm
+from mrcnn.files import atomic_write
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import resized_size, select_canvas
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
@@ -51,11 +52,11 @@ class ExportOptions:
 
 
 def parse_canvas(text: str, flag: str = "--canvas") -> Canvas:
-    """"HxW" -> (H, W); ValueError naming ``flag`` otherwise."""
+    """"HxW" -> (H, W); UsageError naming ``flag`` otherwise."""
     try:
         h, w = (int(v) for v in text.lower().split("x"))
     except ValueError as e:
-        raise ValueError(f"{flag} must look like HxW (e.g. 320x448), got {text!r}") from e
+        raise UsageError(f"{flag} must look like HxW (e.g. 320x448), got {text!r}") from e
     return h, w
 
 
@@ -91,15 +92,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from_args(args: argparse.Namespace) -> ExportOptions:
-    """Validated :class:`ExportOptions`; ValueError naming the bad flag."""
+    """Validated :class:`ExportOptions`; UsageError naming the bad flag."""
     if args.rounds is not None:
-        raise ValueError("--rounds: timing moved to the benchmark harness: run `mrcnn-bench export-time PACKAGE...`")
+        raise UsageError("--rounds: timing moved to the benchmark harness: run `mrcnn-bench export-time PACKAGE...`")
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is visible")
+        raise UsageError("--device cuda: no CUDA device is visible")
     cfg = get_config(args.preset)
     formats = tuple(f.strip() for f in args.format.split(",") if f.strip())
     if not formats or set(formats) - set(FORMATS):
-        raise ValueError(f"--format must be a comma list of {FORMATS}, got {args.format!r}")
+        raise UsageError(f"--format must be a comma list of {FORMATS}, got {args.format!r}")
     return ExportOptions(
         cfg=cfg,
         canvas=parse_canvas(args.canvas) if args.canvas else default_canvas(cfg),
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     """``mrcnn export``: 0 when the packages were written, 2 on a bad flag (one line naming it)."""
     try:
         opts = options_from_args(args)
-    except ValueError as e:
+    except UsageError as e:
         print(f"mrcnn export: error: {e}", file=sys.stderr)
         return 2
     torch.set_num_threads(max(1, opts.threads or usable_cores()))
@@ -163,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         info = build_packages(model, opts.out, opts.canvas, opts.batch_size, opts.formats, strict=opts.strict,
                               log=_log)
-    except ValueError as e:
+    except UsageError as e:
         print(f"mrcnn export: error: {e}", file=sys.stderr)
         return 2
     info.update(threads=torch.get_num_threads(), strict=opts.strict, torch=torch.__version__)
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         _log(f"sample image: {info['sample_image']}")
     if opts.check:
         _check(model, opts, info)
-    (opts.out / "export.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    atomic_write((opts.out / "export.json"), json.dumps(info, indent=2, default=str) + "\n")
     _log(f"wrote {opts.out / 'export.json'}")
     return 0
 

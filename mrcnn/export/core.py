@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from mrcnn.config import Canvas, Config
+from mrcnn.exits import UsageError
 from mrcnn.export.checks import check_exportable
 from mrcnn.model import MaskRCNN
 from mrcnn.ops._library import COMPOSITE_OPS
@@ -76,9 +77,13 @@ class ExportMeta:
 
     @classmethod
     def from_json(cls, text: str) -> ExportMeta:
-        d = json.loads(text)
-        d["canvas"] = tuple(d["canvas"])
-        return cls(**d)
+        """The metadata of a package; UsageError when ``text`` is not what :meth:`to_json` wrote."""
+        try:
+            d = json.loads(text)
+            d["canvas"] = tuple(d["canvas"])
+            return cls(**d)
+        except (ValueError, KeyError, TypeError) as e:  # a package that mrcnn export did not write
+            raise UsageError(f"not the metadata of an mrcnn export package ({type(e).__name__}: {e})") from None
 
     @property
     def cfg(self) -> Config:
@@ -159,10 +164,10 @@ def export_model(
     """
     canvas = (int(canvas[0]), int(canvas[1]))
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise UsageError(f"batch_size must be >= 1, got {batch_size}")
     cfg: Config = model.cfg
     if any(s % cfg.size_divisible for s in canvas):
-        raise ValueError(f"canvas {canvas} must be a multiple of size_divisible={cfg.size_divisible}")
+        raise UsageError(f"canvas {canvas} must be a multiple of size_divisible={cfg.size_divisible}")
     model = tensor_ops_model(model.eval())
     device = next(model.parameters()).device
     with torch.no_grad():

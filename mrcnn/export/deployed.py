@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torch._inductor import aoti_load_package
 
+from mrcnn.exits import UsageError
 from mrcnn.export.core import META_FILE, META_KEY, ExportMeta
 from mrcnn.export.package import package_format
 from mrcnn.export.trust import check_trusted
@@ -39,7 +40,7 @@ class DeployedModel:
             self._runner = aoti_load_package(str(self.path))
             metadata = self._runner.get_metadata()
             if META_KEY not in metadata:
-                raise ValueError(f"{self.path}: AOTInductor package without {META_KEY} metadata")
+                raise UsageError(f"{self.path}: AOTInductor package without {META_KEY} metadata")
             self.meta = ExportMeta.from_json(metadata[META_KEY])
         else:
             extra = {META_FILE: ""}
@@ -112,7 +113,7 @@ class DeployedModel:
             if isinstance(img, Tensor) and img.dim() == 3:
                 rh, rw = resized_size(img.shape[-2], img.shape[-1], self.cfg)
                 if rh > h or rw > w:
-                    raise ValueError(
+                    raise UsageError(
                         f"image {i} ({img.shape[-2]}x{img.shape[-1]}) resizes to {rh}x{rw}, which does not fit "
                         f"this package's canvas {h}x{w} (HxW); export a package for a larger canvas"
                     )

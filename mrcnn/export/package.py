@@ -21,6 +21,7 @@ from torch import nn
 from torch._inductor import aoti_compile_and_package
 
 from mrcnn.config import Canvas
+from mrcnn.exits import UsageError
 from mrcnn.export.checks import check_aoti_package
 from mrcnn.export.core import FORMATS, META_FILE, META_KEY, ExportMeta, export_model, meta_for, tensor_ops_model
 from mrcnn.export.trust import trust
@@ -95,12 +96,12 @@ def build_packages(
 
 def _zip_names(path: Path) -> list[str]:
     if not path.is_file():
-        raise ValueError(f"package not found: {path}")
+        raise UsageError(f"package not found: {path}")
     try:
         with zipfile.ZipFile(path) as z:
             return z.namelist()
     except zipfile.BadZipFile as e:
-        raise ValueError(f"{path} is not a .pt2 package (not a zip archive)") from e
+        raise UsageError(f"{path} is not a .pt2 package (not a zip archive)") from e
 
 
 def package_format(path: str | os.PathLike) -> str:
@@ -111,7 +112,7 @@ def package_format(path: str | os.PathLike) -> str:
         return "aoti"
     if any(n.endswith(f"extra/{META_FILE}") or n.endswith(META_FILE) for n in names):
         return "exported"
-    raise ValueError(f"{path} is not a package written by mrcnn export (no {META_FILE} and no AOTInductor model)")
+    raise UsageError(f"{path} is not a package written by mrcnn export (no {META_FILE} and no AOTInductor model)")
 
 
 def read_meta(path: str | os.PathLike) -> ExportMeta:
@@ -128,7 +129,10 @@ def read_meta(path: str | os.PathLike) -> ExportMeta:
             return ExportMeta.from_json(z.read(name).decode())
         for name in z.namelist():
             if "/data/aotinductor/" in name and name.endswith("_metadata.json"):
-                metadata = json.loads(z.read(name))
+                try:
+                    metadata = json.loads(z.read(name))
+                except ValueError as e:
+                    raise UsageError(f"{path}: {name} is not JSON ({e})") from None
                 if META_KEY in metadata:
                     return ExportMeta.from_json(metadata[META_KEY])
-    raise ValueError(f"{path}: AOTInductor package without {META_KEY} metadata")
+    raise UsageError(f"{path}: AOTInductor package without {META_KEY} metadata")

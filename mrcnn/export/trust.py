@@ -17,10 +17,12 @@ import hashlib
 import os
 from pathlib import Path
 
+from mrcnn.exits import UsageError
+
 ENV = "MRCNN_TRUSTED_PACKAGES"
 
 
-class UntrustedPackageError(ValueError):
+class UntrustedPackageError(UsageError):
     """A package that is neither on the allow-list nor trusted by the caller."""
 
 

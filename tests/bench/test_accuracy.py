@@ -1,4 +1,4 @@
-"""The accuracy gate (mrcnn_bench.accuracy_gate, .accuracy_baseline, .faults): baseline parsing and location,
+"""The accuracy gate (mrcnn_bench.gates.accuracy_gate, .accuracy_baseline, .faults): baseline parsing and location,
 tolerance, pass/fail messages, errors, faults.
 
 No training here: the gate's multi-minute CI run is a separate job (see results/accuracy/README.md).
@@ -18,8 +18,8 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.recipes import RECIPES, get_recipe
 from mrcnn.structures import Proposals, Targets
-from mrcnn_bench import accuracy_gate
-from mrcnn_bench.accuracy_baseline import (
+from mrcnn_bench.gates import accuracy_gate
+from mrcnn_bench.gates.accuracy_baseline import (
     BaselineError,
     MetricBaseline,
     baseline_from_runs,
@@ -29,8 +29,8 @@ from mrcnn_bench.accuracy_baseline import (
     load_baseline,
     tolerance_from_spread,
 )
-from mrcnn_bench.accuracy_gate import AccuracyOptions, check_accuracy, main
-from mrcnn_bench.faults import FAULTS, MASK_SHIFT_PIXELS, inject_fault
+from mrcnn_bench.gates.accuracy_gate import AccuracyOptions, check_accuracy, main
+from mrcnn_bench.gates.faults import FAULTS, MASK_SHIFT_PIXELS, inject_fault
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""The scratch commit range (bench/tools/asv_scratch.py, mrcnn_bench.scratch_range) is the same everywhere and
-changes what it says."""
+"""The scratch commit range (``mrcnn-bench asv scratch``, mrcnn_bench.history.scratch_range) is the same everywhere
+and changes what it says."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench import scratch_range as scratch
+from mrcnn_bench.history import scratch_range as scratch
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "bench" / "tools" / "asv_scratch.py"  # run as a subprocess: the command line itself is tested
+# Run as a subprocess: the command line itself is tested.
+COMMAND = [sys.executable, "-m", "mrcnn_bench", "asv", "scratch"]
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -22,7 +23,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _script(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

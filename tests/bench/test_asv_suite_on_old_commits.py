@@ -38,9 +38,9 @@ import sys
 sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, "__module__", "").startswith("__editable__")]
 import benchmarks, mrcnn
 from mrcnn.weights import synthetic_weights, textured_images
-from mrcnn_bench.cases import CASES, TRACKED, Row, Workload
-from mrcnn_bench.context import Context
-from mrcnn_bench.probes import case_flops
+from mrcnn_bench.running.cases import CASES, TRACKED, Row, Workload
+from mrcnn_bench.running.context import Context
+from mrcnn_bench.running.probes import case_flops
 
 ctx = Context("tiny", {}, Workload(), synthetic_weights("tiny"), textured_images(((240, 320),)), [], 1, 0)
 for name in TRACKED:

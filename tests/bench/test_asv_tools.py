@@ -8,9 +8,12 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from mrcnn_bench import aa_spread, asv_regressions, asv_results_table, screenshots
+from mrcnn_bench.changes import asv_regressions, asv_results_table
+from mrcnn_bench.history import aa_spread
+from mrcnn_bench.publish import screenshots
 
 
 def _part(record=None, error=None, skipped=False):
@@ -180,3 +183,26 @@ def test_screenshot_verdict_reads_whichever_pages_were_taken():
     assert "B.track_y drew no series" in not_rendered({"graph": "<div></div>"}, "A.track_x", "B.track_y")
     failed = not_rendered({"graph": graph + "JavaScript dependencies failed to load"}, "A.track_x", "B")
     assert failed.startswith("the graph page's DOM shows")
+
+
+def test_spread_refuses_a_folder_of_runs_from_another_plan(tmp_path, monkeypatch, capsys):
+    """Runs of the old method (no plan recorded) or of another process plan are never pooled with new ones."""
+    measured = []
+
+    class Record:
+        def to_dict(self):
+            return {"timing": {}, "compiles": {}, "accuracy": _part(skipped=True)}
+
+    monkeypatch.setattr(aa_spread, "measure_commit", lambda **kw: measured.append(kw) or Record())
+    monkeypatch.setattr(aa_spread, "summarise", lambda out: pd.DataFrame())
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "run_1.json").write_text(json.dumps({"timing": {}, "compiles": {}, "accuracy": {}}))
+    assert aa_spread.main(["--runs", "2", "--out", str(tmp_path / "old")]) == 2
+    assert "run_1.json: no plan recorded" in capsys.readouterr().err and measured == []
+
+    assert aa_spread.main(["--runs", "2", "--out", str(tmp_path / "new")]) == 0
+    assert len(measured) == 2
+    plan = json.loads((tmp_path / "new" / "run_2.json").read_text())["plan"]
+    assert plan["method"] == "shared-rounds" and plan["processes"] == aa_spread.SHARED_PROCESSES
+    assert aa_spread.main(["--runs", "3", "--out", str(tmp_path / "new")]) == 0 and len(measured) == 3  # resumes
+    assert aa_spread.main(["--runs", "3", "--out", str(tmp_path / "new"), "--compiled-from", "7"]) == 2

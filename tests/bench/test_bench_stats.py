@@ -1,5 +1,5 @@
-"""The latency gate's decision rule (mrcnn_bench.stats) and the slowdown it is measured with
-(mrcnn_bench.slowdown; its extra FLOPs and unchanged outputs are tested in test_slowdown_hook.py)."""
+"""The latency gate's decision rule (mrcnn_bench.gates.stats) and the slowdown it is measured with
+(mrcnn_bench.running.slowdown; its extra FLOPs and unchanged outputs are tested in test_slowdown_hook.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mrcnn.model import MaskRCNN
-from mrcnn_bench import stats
-from mrcnn_bench.cases import CASES, Row, Variant
-from mrcnn_bench.slowdown import inject_slowdown
-from mrcnn_bench.stats import compare_latency, mean_ratio_ci, min_p_value
+from mrcnn_bench.gates import stats
+from mrcnn_bench.gates.stats import compare_latency, mean_ratio_ci, min_p_value
+from mrcnn_bench.running.cases import CASES, Row, Variant
+from mrcnn_bench.running.slowdown import inject_slowdown
 
 
 def _interleaved(rounds: int, slowdown: float, seed: int, drift: float = 0.0, noise: float = 0.03):

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench import benchmark_db, cli, store
-from mrcnn_bench.goals import speed_goals
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.gates.goals import speed_goals
+from mrcnn_bench.reports import benchmark_db
+from mrcnn_bench.running import store
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = REPO / "results" / "runs" / "run_tiny.json"

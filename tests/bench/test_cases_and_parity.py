@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mrcnn.parity import match_detections
-from mrcnn_bench import pipelines
-from mrcnn_bench.cases import CASES, COMPILERS, Case, Workload, parse_cases
-from mrcnn_bench.parity import aggregate_parity, parity_stats
-from mrcnn_bench.pipelines import compact
+from mrcnn_bench.running import pipelines
+from mrcnn_bench.running.cases import CASES, COMPILERS, Case, Workload, parse_cases
+from mrcnn_bench.running.parity import aggregate_parity, parity_stats
+from mrcnn_bench.running.pipelines import compact
 
 
 def _dets(boxes, labels, scores, size=(40, 50)) -> dict[str, torch.Tensor]:
@@ -96,9 +96,9 @@ def test_auto_mask_buckets_stage_eager_cpu_rows_and_their_flop_count_only(tiny_w
     the compiled and XLA rows the single graph; each row's FLOPs, counted on an eager CPU stand-in,
     are those of the work the row does, so the staged row's are fewer with few detections."""
     from mrcnn.weights import textured_images
-    from mrcnn_bench.cases import Row
-    from mrcnn_bench.context import Context
-    from mrcnn_bench.probes import auto_staged, case_flops
+    from mrcnn_bench.running.cases import Row
+    from mrcnn_bench.running.context import Context
+    from mrcnn_bench.running.probes import auto_staged, case_flops
 
     overrides = {"box_score_thresh": 0.9}  # a few detections: the staged mask branch runs on 8 slots
     ctx = Context("tiny", overrides, Workload(), tiny_weights, textured_images(((240, 320),), 11), [], 1, 0)

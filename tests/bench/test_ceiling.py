@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from mrcnn_bench import ceiling
-from mrcnn_bench.cases import Case, Row, Workload
-from mrcnn_bench.records import RowResult, RunInfo, make_record
+from mrcnn_bench.running import ceiling
+from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.records import RowResult, RunInfo, make_record
 
 
 def test_fma_latency_table():

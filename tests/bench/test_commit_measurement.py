@@ -13,9 +13,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import backends, context, history, interleaved, shared_rounds  # noqa: E402
-from mrcnn_bench.cases import Workload  # noqa: E402
-from mrcnn_bench.profile import STAGE_KEYS  # noqa: E402
+from mrcnn_bench.history import commit as history  # noqa: E402
+from mrcnn_bench.history import interleaved, shared_rounds  # noqa: E402
+from mrcnn_bench.running import backends, context  # noqa: E402
+from mrcnn_bench.running.cases import Workload  # noqa: E402
+from mrcnn_bench.running.profile import STAGE_KEYS  # noqa: E402
 
 INFERENCE = ("torchvision/eager", "static/eager", "static/xla", "static/inductor")
 
@@ -61,7 +63,7 @@ def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
         k = len(calls)
         if k in fail:
             return history.Part(None, f"{args[0]} exited 1: boom {k}", 3.0)
-        if args[0] == "mrcnn_bench.shared_rounds":
+        if args[0] == "mrcnn_bench.history.shared_rounds":
             names = args[2].split(",")
             probing = "--compile-probe" in args
             probed = args[args.index("--probe-cases") + 1].split(",") if "--probe-cases" in args else names
@@ -70,7 +72,7 @@ def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
             timing = {n: _record(n, [1.0 + k / 100], {"backbone": 1.0} if n.endswith("eager") else None).to_dict()
                       for n in names}
             return history.Part({"timing": timing, "compiles": compiles}, None, 4.0 * len(names))
-        if args[0] == "mrcnn_bench.interleaved":
+        if args[0] == "mrcnn_bench.history.interleaved":
             return history.Part(_record(args[1], [1.2]).to_dict(), None, 2.0)
         return history.Part({"box_ap": 0.8, "mask_ap": 0.6}, None, 1.0)
 
@@ -83,9 +85,9 @@ def test_a_commit_times_its_inference_cases_in_a_few_shared_processes(monkeypatc
     calls = _fake_runs(monkeypatch)
     record = history.measure_commit(cases=(*INFERENCE, "static/train"), budget_s=16.0, processes=4)
     kinds = [c[0] for c in calls]
-    assert kinds == ["mrcnn_bench.shared_rounds", "mrcnn_bench.interleaved", *["mrcnn_bench.shared_rounds"] * 3,
-                     "mrcnn_bench.fixed_accuracy"]
-    shared = [c for c in calls if c[0] == "mrcnn_bench.shared_rounds"]
+    shared, one = "mrcnn_bench.history.shared_rounds", "mrcnn_bench.history.interleaved"
+    assert kinds == [shared, one, *[shared] * 3, "mrcnn_bench.history.fixed_accuracy"]
+    shared = [c for c in calls if c[0] == "mrcnn_bench.history.shared_rounds"]
     # The first process probes (compile counts first, then memory and FLOPs); inductor is in the first two only.
     assert "--compile-probe" in shared[0] and "--probes" in shared[0]
     assert not any("--probes" in c or "--compile-probe" in c for c in shared[1:])
@@ -107,7 +109,7 @@ def test_a_commit_times_its_inference_cases_in_a_few_shared_processes(monkeypatc
 def test_inductor_can_be_timed_away_from_the_process_that_probed_it(monkeypatch):
     calls = _fake_runs(monkeypatch)
     record = history.measure_commit(cases=INFERENCE, accuracy=False, processes=4, compiled_from=1)
-    shared = [c for c in calls if c[0] == "mrcnn_bench.shared_rounds"]
+    shared = [c for c in calls if c[0] == "mrcnn_bench.history.shared_rounds"]
     eager_only = "torchvision/eager,static/eager,static/xla"
     assert [c[2] for c in shared] == [eager_only, ",".join(INFERENCE), ",".join(INFERENCE), eager_only]
     # The first process still probes inductor (its counts, and the cold first call) without timing it.

@@ -10,9 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mrcnn_bench import ab, cli, defaults, report, runner, store
-from mrcnn_bench.cases import CASES, REFERENCE, Row, Workload
-from mrcnn_bench.records import Record, RowResult, RunDocument, RunInfo
+from mrcnn_bench.base import defaults
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.gates import ab
+from mrcnn_bench.reports import report
+from mrcnn_bench.running import runner, store
+from mrcnn_bench.running.cases import CASES, REFERENCE, Row, Workload
+from mrcnn_bench.running.records import Record, RowResult, RunDocument, RunInfo
 
 REPO = Path(__file__).resolve().parents[2]
 ROUNDS = 10

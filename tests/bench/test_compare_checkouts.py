@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench import ab, cli
-from mrcnn_bench.cases import Case, Row, Variant, Workload
-from mrcnn_bench.context import Context, save_context
-from mrcnn_bench.execution import RowTimeout, WorkerRow
-from mrcnn_bench.records import Record
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.gates import ab
+from mrcnn_bench.running.cases import Case, Row, Variant, Workload
+from mrcnn_bench.running.context import Context, save_context
+from mrcnn_bench.running.execution import RowTimeout, WorkerRow
+from mrcnn_bench.running.records import Record
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import confirm_command as confirm  # noqa: E402
+from mrcnn_bench.changes import confirm_command as confirm  # noqa: E402
 
 
 def test_rounds_give_90_percent_power_for_the_step_and_the_noise():

@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from mrcnn import cli as mrcnn_cli
-from mrcnn_bench import cli as bench_cli
+from mrcnn_bench.cli import asv
+from mrcnn_bench.cli import commands as bench_cli
 
 REPO = Path(__file__).resolve().parents[2]
 # Option destinations that name where a command writes (not what it reads).
@@ -48,7 +49,6 @@ STUDY_ALLOWED = "results/"
 MAKE_ALLOWED = {
     "asv-table": ("results/asv/", "the held figures per commit, beside asv's results they summarise"),
     "asv-spread": ("results/asv/", "the A/A spread of one commit: asv results"),
-    "latency-study": ("results/", "a study: the latency gate's error rates, its evidence under results/"),
     "asv-publish": ("results/", "the regression report beside asv's results (results/asv/regressions_report.md, "
                                 "committed) and its dashboard page in results/html (built, git-ignored)"),
 }
@@ -118,7 +118,8 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
     parsers = {f"mrcnn-bench {name}": p for name, p in _subparsers(bench_cli.build_parser()).items()
                if name not in bench_cli.LAZY_COMMANDS}
     parsers |= {f"mrcnn-bench {name}": _lazy(module, f"mrcnn-bench {name}")
-                for name, (module, _) in bench_cli.LAZY_COMMANDS.items()}
+                for name, (module, _) in bench_cli.LAZY_COMMANDS.items() if name != "asv"}
+    parsers |= {f"mrcnn-bench asv {tool}": p for tool, p in asv.parsers("mrcnn-bench asv").items()}
     parsers |= {f"mrcnn {name}": _lazy(module, f"mrcnn {name}") for name, (module, _) in mrcnn_cli.COMMANDS.items()}
     return parsers
 
@@ -145,7 +146,7 @@ def test_no_command_line_default_writes_into_the_committed_tree():
 
 def test_the_gates_write_new_baselines_only_under_baselines():
     """--write-baseline without --baseline: the allow-listed baselines/ (a tree clean outside it)."""
-    from mrcnn_bench import accuracy_baseline, gate
+    from mrcnn_bench.gates import accuracy_baseline, gate
 
     for path in (gate.baseline_path("tiny"), accuracy_baseline.default_baseline_path("ci")):
         assert allowed(path, {"baselines/": ALLOWED["baselines/"]}), path

@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from mrcnn_bench import cli, gate
-from mrcnn_bench.cases import QUICK, parse_cases
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.gates import gate
+from mrcnn_bench.running.cases import QUICK, parse_cases
 
 REPO = Path(__file__).resolve().parents[2]
 INDUCTOR = {"unique_graphs": 2, "graph_breaks": 0, "recompiles": 1, "flops": 10.0, "per_call": []}
@@ -139,10 +140,10 @@ def test_write_baseline_refuses_a_dirty_tree_before_measuring(tmp_path, monkeypa
 
 def test_dirty_files_ignore_baselines(monkeypatch):
     outputs = {"diff": "baselines/gate_tiny.json\nmrcnn/model.py", "ls-files": "notes.txt\nbaselines/accuracy/x.json"}
-    monkeypatch.setattr(gate, "git", lambda *args, cwd=None: outputs[args[1]])
+    monkeypatch.setattr(gate.vcs, "output", lambda repo, *args: outputs[args[1]])
     assert gate.dirty_files() == ["mrcnn/model.py", "notes.txt"]
     assert gate.baseline_path("tiny") == REPO / "baselines" / "gate_tiny.json"
-    monkeypatch.setattr(gate, "git", lambda *args, cwd=None: None)
+    monkeypatch.setattr(gate.vcs, "output", lambda repo, *args: None)
     assert gate.dirty_files() is None
 
 
@@ -204,6 +205,10 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
         "list": [["--bogus"], ["unexpected"]],
         "steps": [["--bogus"], ["--series", absent + ".csv"]],
         "gpu-check": [["--steps", "nope"], ["--budget-s", "0"]],
+        "asv": [[], ["nope"], ["machine", "--bogus"], ["fixture", "evaluate"], ["scratch", "--repo", absent],
+                ["spread", "--runs", "x"], ["table", "m", "--results", absent],
+                ["table", "m", "--repo", str(tmp_path), f"--revs=--output={absent}"], ["flags", "--html", absent],
+                ["report", "--noise", absent], ["offline-html", absent], ["screenshots", "--html-dir", absent]],
     }
 
 
@@ -218,6 +223,7 @@ def test_every_command_exits_2_without_a_traceback_on_bad_input(tmp_path, monkey
             assert cli.main(full) == 2, full
             err = capsys.readouterr().err
             assert err.strip() and "Traceback" not in err, (full, err)
+    assert not Path(tmp_path / "absent").exists(), "a ref from outside was handed to git as an option"
 
 
 def test_an_unexpected_exception_is_an_internal_error(tmp_path, monkeypatch, capsys):
@@ -240,8 +246,8 @@ def test_an_unexpected_exception_is_an_internal_error(tmp_path, monkeypatch, cap
 def test_training_probe_steps_on_each_ground_truth_mix():
     """The gate's training steps: TRAIN_BATCH samples per mix of GATE_TRAIN_COUNTS, the same image
     cut to each count (every per-object field), so sampled positives and buckets vary by step."""
-    from mrcnn_bench.cases import TRAIN_BATCH
-    from mrcnn_bench.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, training_mixes
+    from mrcnn_bench.gates.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, training_mixes
+    from mrcnn_bench.running.cases import TRAIN_BATCH
 
     samples = training_mixes(GATE_SIZES[0])
     assert TRAIN_BATCH == 2 and len(samples) == TRAIN_BATCH * len(GATE_TRAIN_COUNTS)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench import gate
+from mrcnn_bench.gates import gate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -27,7 +27,7 @@ SAMPLE_XLA_LOG = textwrap.dedent("""\
     Compilation Analysis:   Number of Graph Inputs: 1
     Compilation Analysis: Python Frame Triggered Execution:
     Compilation Analysis:   sync (/site-packages/torch_xla/torch_xla.py:87)
-    Compilation Analysis:   run (/repo/bench/mrcnn_bench/runner.py:277)
+    Compilation Analysis:   run (/repo/bench/mrcnn_bench/running/runner.py:277)
     Compilation Analysis: --------------------------------------------------------------------------------
     """)
 
@@ -36,7 +36,7 @@ def test_gate_failure_messages_name_metric_change_and_cause():
     causes = gate.xla_compile_causes(SAMPLE_XLA_LOG)
     assert causes == [{"cause": ["user torch_xla.sync"], "graph_hash": "abc123",
                        "frames": ["sync (/site-packages/torch_xla/torch_xla.py:87)",
-                                  "run (/repo/bench/mrcnn_bench/runner.py:277)"],
+                                  "run (/repo/bench/mrcnn_bench/running/runner.py:277)"],
                        "during": "call 2 on image (250, 300) -> model input [1, 3, 320, 384]"}]
     base = {"uncached_compile": 2, "flops": 10.0, "per_call": [{"image": [240, 320], "uncached_compile": 1},
                                                                 {"image": [250, 300], "uncached_compile": 1}],
@@ -60,7 +60,7 @@ def test_gate_fails_on_an_injected_recompile(tmp_path):
     """The real gate on static/xla: flat over seven sizes, then failing when images are padded tightly."""
     pytest.importorskip("torch_xla")
     baseline = tmp_path / "gate.json"
-    base_cmd = [sys.executable, "-m", "mrcnn_bench.cli", "gate", "--cases", "static/xla", "--accuracy", "none",
+    base_cmd = [sys.executable, "-m", "mrcnn_bench", "gate", "--cases", "static/xla", "--accuracy", "none",
                 "--baseline", str(baseline)]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
     subprocess.run([*base_cmd, "--write-baseline"], check=True, env=env, cwd=REPO, capture_output=True)

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-
-from mrcnn_bench import live_error_rates as study
+from studies.gate_error_rates import live_error_rates as study
 
 
 def test_the_kind_furthest_behind_its_target_runs_next():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mrcnn_bench.goals import FEW_DETECTIONS_THRESH, speed_goals, target_verdict
-from mrcnn_bench.records import Record
-from mrcnn_bench.row_stats import useful_fraction
+from mrcnn_bench.gates.goals import FEW_DETECTIONS_THRESH, speed_goals, target_verdict
+from mrcnn_bench.gates.row_stats import useful_fraction
+from mrcnn_bench.running.records import Record
 
 STREAM = "stream 472x472,406x507"
 FEW = {"box_score_thresh": FEW_DETECTIONS_THRESH}

@@ -14,15 +14,15 @@ import sys
 import pytest
 import torch
 
-from mrcnn_bench import gpu_check
-from mrcnn_bench.gpu_check import GpuCheckOptions, Step
+from mrcnn_bench.running import gpu_check
+from mrcnn_bench.running.gpu_check import GpuCheckOptions, Step
 
 
 def test_without_a_cuda_device_it_says_so_and_exits_2(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is visible: the no-device path cannot be seen here")
     out = tmp_path / "gpu"
-    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "gpu-check", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "gpu-check", "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "no CUDA device" in proc.stderr and "nothing was checked" in proc.stderr

@@ -16,12 +16,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import asv_machine, fixed_accuracy, history, interleaved, ruler  # noqa: E402
+from mrcnn_bench.history import asv_machine, fixed_accuracy, interleaved, ruler  # noqa: E402
+from mrcnn_bench.history import commit as history  # noqa: E402
 
 
 def test_ruler_never_imports_the_library():
     """A commit that edits mrcnn must not move the ruler: nothing of it may come from mrcnn."""
-    tree = ast.parse((ROOT / "bench/mrcnn_bench/ruler.py").read_text())
+    tree = ast.parse((ROOT / "bench/mrcnn_bench/history/ruler.py").read_text())
     imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert imported and not [m for m in imported if m and m.split(".")[0] in ("mrcnn", "mrcnn_bench")]
@@ -68,9 +69,9 @@ def test_measure_one_case_against_the_ruler():
 
 
 def test_run_part_tells_cannot_run_here_from_failed(tmp_path):
-    skipped = history.run_part(["mrcnn_bench.fixed_accuracy", "evaluate", "--root", str(tmp_path / "none")])
+    skipped = history.run_part(["mrcnn_bench.history.fixed_accuracy", "evaluate", "--root", str(tmp_path / "none")])
     assert skipped.skipped and skipped.record is None and "make asv-fixture" in skipped.error
-    failed = history.run_part(["mrcnn_bench.compile_probe", "static/nope", "tiny"])
+    failed = history.run_part(["mrcnn_bench.gates.compile_probe", "static/nope", "tiny"])
     assert not failed.skipped and failed.record is None and "static/nope" in failed.error
     with pytest.raises(RuntimeError, match="static/nope"):
         failed.value("uncached_compile")

@@ -12,11 +12,11 @@ import os
 
 import pytest
 
-from mrcnn_bench.cases import Case, Row, Workload
-from mrcnn_bench.context import Context, save_context
-from mrcnn_bench.execution import InProcessRow, WorkerRow, process_state
-from mrcnn_bench.records import RowResult
-from mrcnn_bench.runner import RunOptions, setup_rows
+from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.context import Context, save_context
+from mrcnn_bench.running.execution import InProcessRow, WorkerRow, process_state
+from mrcnn_bench.running.records import RowResult
+from mrcnn_bench.running.runner import RunOptions, setup_rows
 
 ROWS = [Row(Case("torchvision")), Row(Case("static")), Row(Case("static", compiler="inductor")),
         Row(Case("torchvision", compiler="inductor", bounded=True))]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mrcnn_bench import probes
+from mrcnn_bench.running import probes
 
 
 class FakeKernel:

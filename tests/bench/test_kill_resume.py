@@ -19,7 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from mrcnn_bench import journal
+import pytest
+
+from mrcnn_bench.running import journal
 
 ROUNDS = 60
 KILLS = 20
@@ -33,7 +35,7 @@ def _start(out: Path, cache: Path, *extra: str, tear_at: int | None = None) -> s
     if tear_at is not None:
         env[journal.TEAR_ENV] = str(tear_at)
     resume = ["--resume"] if journal.path_for(out, "k").is_file() else []
-    return subprocess.Popen([sys.executable, "-m", "mrcnn_bench.cli", *ARGS, "--out", str(out), *resume, *extra],
+    return subprocess.Popen([sys.executable, "-m", "mrcnn_bench", *ARGS, "--out", str(out), *resume, *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -49,6 +51,7 @@ def _wait_for_round(out: Path, proc: subprocess.Popen, target: int, limit_s: flo
         time.sleep(0.01)
 
 
+@pytest.mark.slow  # twenty runs started and killed: the slowest test of the suite (make test still runs it)
 def test_sigkill_at_twenty_points_loses_no_round_and_repeats_none(tmp_path):
     out, cache = tmp_path / "out", tmp_path / "cache"
     rng = random.Random(0)

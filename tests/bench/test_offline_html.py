@@ -1,4 +1,4 @@
-"""asv's dashboard with no network (mrcnn_bench.offline_html): its CDN tags rewritten to files from npm
+"""asv's dashboard with no network (mrcnn_bench.publish.offline_html): its CDN tags rewritten to files from npm
 tarballs, checked against their integrity; unknown URLs and bad tarballs refused. No network here: a
 fake fetch serves a registry built in tmp_path from asv's own page header."""
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import asv
 import pytest
 
-from mrcnn_bench import offline_html
-from mrcnn_bench.offline_html import (
+from mrcnn_bench.publish import offline_html
+from mrcnn_bench.publish.offline_html import (
     VendorError,
     external_references,
     npm_source,

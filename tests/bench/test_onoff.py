@@ -1,10 +1,10 @@
-"""``mrcnn_bench.onoff``: interleaved on/off rounds, appended call by call, resumed by key."""
+"""``studies.onoff``: interleaved on/off rounds, appended call by call, resumed by key."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mrcnn_bench.onoff import done_keys, paired, read_lines, run_rounds, seconds_by_round
+from studies.onoff import done_keys, paired, read_lines, run_rounds, seconds_by_round
 
 
 def test_rounds_alternate_order_and_resume(tmp_path: Path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from mrcnn_bench import order_effect as study
+from studies.compare_order_effect import order_trials as study
 
 
 def test_summary_reports_each_order_with_its_interval(tmp_path):

@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mrcnn.data.coco import CocoDataset
-from mrcnn_bench import gate, journal, store
-from mrcnn_bench.cases import Workload
-from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.gates import gate
+from mrcnn_bench.running import journal, store
+from mrcnn_bench.running.cases import Workload
+from mrcnn_bench.running.records import Record, RunDocument, RunInfo
 
 SETTINGS = settings(max_examples=60, derandomize=True, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

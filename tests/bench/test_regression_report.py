@@ -16,9 +16,9 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from mrcnn_bench import changepoints, history_series  # noqa: E402
-from mrcnn_bench import regression_report as report  # noqa: E402
-from mrcnn_bench.changepoints import ChangePoint  # noqa: E402
+from mrcnn_bench.changes import changepoints, history_series  # noqa: E402
+from mrcnn_bench.changes import regression_report as report  # noqa: E402
+from mrcnn_bench.changes.changepoints import ChangePoint  # noqa: E402
 
 
 def point(metric: str, commit: str, index: int, change: float, direction: str = "regression") -> ChangePoint:

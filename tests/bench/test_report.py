@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from scipy.stats import gmean
 
-from mrcnn_bench import report, run_notes
-from mrcnn_bench.cases import Workload, stream_workload
-from mrcnn_bench.records import Record, RunDocument, RunInfo, first_pass_seconds
+from mrcnn_bench.reports import report, run_notes
+from mrcnn_bench.running.cases import Workload, stream_workload
+from mrcnn_bench.running.records import Record, RunDocument, RunInfo, first_pass_seconds
 
 
 def rec(case: str, times: list[float], **fields) -> Record:
@@ -155,7 +155,8 @@ def test_first_pass_is_one_cold_pass_over_the_distinct_images():
 
 
 def test_report_labels_stream_and_fixed_runs_and_shows_the_cold_pass(tmp_path):
-    from mrcnn_bench import dashboard, store
+    from mrcnn_bench.reports import dashboard
+    from mrcnn_bench.running import store
 
     stream = run_doc("stream_tiny", stream_workload("tiny", seed=0),
                      [rec("torchvision/eager", [0.1] * 12, warmup_s=[0.3] * 8, first_pass_s=2.4),

@@ -13,9 +13,12 @@ import torch
 
 from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
-from mrcnn_bench import cli, report, store
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.cli import options as cli_options
+from mrcnn_bench.reports import report
+from mrcnn_bench.running import store
+from mrcnn_bench.running.context import ContextOptions, make_context
+from mrcnn_bench.running.records import Record, RunDocument, RunInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +132,7 @@ def test_images_and_evaluation_come_from_a_coco_layout_split(tmp_path, tiny_weig
     args = cli.build_parser().parse_args(
         ["run", "--coco-root", str(tmp_path), "--coco-split", "train", "--eval", "2", "--images", "2",
          "--weights", str(weights)])
-    opts = cli.run_options(args)
+    opts = cli_options.run_options(args)
     assert (opts.coco_split, opts.eval_root, opts.eval_split) == ("train", str(tmp_path), "train")
     ctx, _ = make_context(ContextOptions(opts.workload, opts.weights, 0, 1, False, opts.coco_root, opts.coco_split,
                                          opts.overrides))

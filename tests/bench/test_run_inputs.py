@@ -12,7 +12,7 @@ import torch
 
 from mrcnn.config import get_config
 from mrcnn.weights import synthetic_weights
-from mrcnn_bench.context import coco_images, load_weights_file
+from mrcnn_bench.running.context import coco_images, load_weights_file
 
 
 def test_weights_of_another_model_or_preset_are_refused(tmp_path):
@@ -34,7 +34,7 @@ def test_an_empty_coco_split_is_refused(tmp_path):
         json.dumps({"images": [], "annotations": [], "categories": [{"id": 1, "name": "a"}]}))
     with pytest.raises(ValueError, match="split 'val2017' holds no images"):
         coco_images(str(tmp_path), 4)
-    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "run", "--coco-root", str(tmp_path), "--cases",
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "run", "--coco-root", str(tmp_path), "--cases",
                            "static/eager", "--rounds", "1", "--no-progress"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "holds no images" in proc.stderr and "Traceback" not in proc.stderr
@@ -43,7 +43,7 @@ def test_an_empty_coco_split_is_refused(tmp_path):
 def test_the_mask_memory_bound():
     """100 detections of a 6000x6000 image: about 17 GiB of pasted masks and image; refused with 16 GiB
     available, naming a side that fits, which itself passes."""
-    from mrcnn_bench.context import check_paste_memory  # here: the other tests need only the readers
+    from mrcnn_bench.running.context import check_paste_memory  # here: the other tests need only the readers
 
     with pytest.raises(ValueError, match=r"up to 6000x6000 would need .* up to about (\d+)x\1 fit") as e:
         check_paste_memory([(6000, 6000)], 100, 16 * 2**30, "--coco-root x")
@@ -56,7 +56,7 @@ def test_the_mask_memory_bound():
 CHILD = """
 import resource, sys
 from pathlib import Path
-from mrcnn_bench.context import coco_images
+from mrcnn_bench.running.context import coco_images
 status = dict(l.split(":", 1) for l in Path("/proc/self/status").read_text().splitlines() if ":" in l)
 used = int(status["VmSize"].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (used + 2 * 2**30, resource.RLIM_INFINITY))  # 2 GiB more than now

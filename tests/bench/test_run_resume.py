@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench import journal
+from mrcnn_bench.running import journal
 
 ROUNDS = 12
 ARGS = ["run", "--cases", "torchvision/eager,static/eager", "--rounds", str(ROUNDS), "--image-size", "240x320",
@@ -21,7 +21,7 @@ ARGS = ["run", "--cases", "torchvision/eager,static/eager", "--rounds", str(ROUN
 
 
 def bench(out: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mrcnn_bench.cli", *ARGS, "--out", str(out), *extra],
+    return subprocess.Popen([sys.executable, "-m", "mrcnn_bench", *ARGS, "--out", str(out), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -14,11 +14,14 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path("bench/studies/commit_cost/same_vm_aa.sh")
+THIS_HARNESS = "-m mrcnn_bench asv spread"  # what this checkout's side runs (its bench/ first on the path)
 
-# Stands in for the venv's python: called as `PY history_spread.py --runs K --out DIR [--compiled-from P]`,
-# it writes DIR/run_K.json with what it was given, as an A/A run writes its record.
+# Stands in for the venv's python: called as `PY history_spread.py --runs K --out DIR [--compiled-from P]` or
+# `PY -m mrcnn_bench asv spread --runs K ...`, it writes DIR/run_K.json with what it was given (the words
+# before the first option as "script"), as an A/A run writes its record.
 FAKE_PYTHON = """#!/usr/bin/env bash
 script=$1; shift
+while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do script="$script $1"; shift; done
 plan=none
 while [ $# -gt 0 ]; do
     case $1 in --runs) k=$2; shift 2;; --out) out=$2; shift 2;; --compiled-from) plan=$2; shift 2;; *) shift;; esac
@@ -64,7 +67,7 @@ def test_plans_alternate_with_the_first_side_swapped_each_pair(repo, tmp_path):
         assert {r["plan"] for r in records} == {plan}
         # both plans run this checkout's harness (its bench/ first on the path) on REF's model
         assert all(r["pythonpath"].startswith(f"{repo}/bench:") for r in records)
-        assert all(r["script"] == f"{repo}/bench/tools/history_spread.py" for r in records)
+        assert all(r["script"] == THIS_HARNESS for r in records)
     assert "no accuracy fixture" in (second / "alternation.log").read_text()
 
 
@@ -87,7 +90,8 @@ def test_the_two_ways_run_refs_harness_then_this_checkouts(repo, tmp_path):
     assert starts(shared / "alternation.log") == ["per-case 1", "shared 1", "per-case 2", "shared 2"]
     ref_side = json.loads((per_case / "run_1.json").read_text())
     assert ref_side["plan"] == "none" and not ref_side["script"].startswith(str(repo))  # REF's own worktree
-    assert json.loads((shared / "run_1.json").read_text())["script"] == f"{repo}/bench/tools/history_spread.py"
+    assert ref_side["script"].endswith("/bench/tools/history_spread.py")
+    assert json.loads((shared / "run_1.json").read_text())["script"] == THIS_HARNESS
 
 
 def test_missing_arguments_are_a_usage_error(repo, tmp_path):

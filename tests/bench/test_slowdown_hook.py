@@ -10,8 +10,8 @@ from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
-from mrcnn_bench.probes import count_flops
-from mrcnn_bench.slowdown import inject_slowdown
+from mrcnn_bench.running.probes import count_flops
+from mrcnn_bench.running.slowdown import inject_slowdown
 
 
 def _strips(height: int, fraction: float) -> list[int]:

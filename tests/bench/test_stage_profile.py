@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mrcnn_bench import report
-from mrcnn_bench.cases import Workload
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.profile import STAGES, profile_stages, stage_times
-from mrcnn_bench.records import RunDocument, RunInfo
+from mrcnn_bench.reports import report
+from mrcnn_bench.running.cases import Workload
+from mrcnn_bench.running.context import ContextOptions, make_context
+from mrcnn_bench.running.profile import STAGES, profile_stages, stage_times
+from mrcnn_bench.running.records import RunDocument, RunInfo
 
 
 class _Tick(torch.nn.Module):

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mrcnn_bench import changepoints, cli
+from mrcnn_bench.changes import changepoints
+from mrcnn_bench.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ["metric", "commit", "index", "before", "after", "change_pct", "p_value", "direction"]

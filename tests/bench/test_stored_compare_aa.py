@@ -7,8 +7,7 @@ import json
 import math
 
 import numpy as np
-
-from mrcnn_bench import stored_false_alarms as study
+from studies.stored_compare_false_alarms import stored_false_alarms as study
 
 
 def _trials(count: int, level_sd: float, noise: float = 0.05, rounds: int = 25, seed: int = 0) -> list[dict]:

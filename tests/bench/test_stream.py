@@ -11,8 +11,10 @@ import torch
 
 from mrcnn.config import get_config
 from mrcnn.transform import resized_size, select_canvas
-from mrcnn_bench import cli, runner
-from mrcnn_bench.cases import (
+from mrcnn_bench.cli import commands as cli
+from mrcnn_bench.cli import options as cli_options
+from mrcnn_bench.running import runner
+from mrcnn_bench.running.cases import (
     CASES,
     STREAM_ASPECTS,
     STREAM_IMAGES,
@@ -22,7 +24,7 @@ from mrcnn_bench.cases import (
     stream_sizes,
     stream_workload,
 )
-from mrcnn_bench.context import Context, stream_images
+from mrcnn_bench.running.context import Context, stream_images
 
 
 def aspect(size: tuple[int, int]) -> tuple[int, int]:
@@ -99,12 +101,12 @@ def test_warm_up_goes_over_every_image_of_the_stream(batch):
 
 def test_run_defaults_to_the_stream_and_keeps_a_fixed_size_on_request():
     parse = cli.build_parser().parse_args
-    assert cli.run_workload(parse(["run"])) == stream_workload("tiny", seed=0)
-    assert cli.run_workload(parse(["run", "--seed", "3", "--images", "2"])).sizes == stream_sizes(3, 2)
-    assert cli.run_workload(parse(["run", "--image-size", "480x640"])) == Workload("tiny", (480, 640), 1, 3)
-    assert cli.run_workload(parse(["run", "--sizes", "480x640, 640x480"])).sizes == ((480, 640), (640, 480))
-    assert not cli.run_workload(parse(["compare", "a.json", "b.json"])).sizes  # compare keeps its fixed size
-    assert not cli.run_workload(parse(["run", "--coco-root", "x"])).sizes  # COCO's own images, at their sizes
+    assert cli_options.run_workload(parse(["run"])) == stream_workload("tiny", seed=0)
+    assert cli_options.run_workload(parse(["run", "--seed", "3", "--images", "2"])).sizes == stream_sizes(3, 2)
+    assert cli_options.run_workload(parse(["run", "--image-size", "480x640"])) == Workload("tiny", (480, 640), 1, 3)
+    assert cli_options.run_workload(parse(["run", "--sizes", "480x640, 640x480"])).sizes == ((480, 640), (640, 480))
+    assert not cli_options.run_workload(parse(["compare", "a.json", "b.json"])).sizes  # compare keeps its fixed size
+    assert not cli_options.run_workload(parse(["run", "--coco-root", "x"])).sizes  # COCO's own images, at their sizes
 
 
 @pytest.mark.parametrize(("argv", "message"), [

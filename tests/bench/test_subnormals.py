@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from studies.training_subnormals import subnormal_steps
 
-from mrcnn_bench import ab, runner, subnormal_steps
-from mrcnn_bench.cases import Case, Row, Workload
-from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.gates import ab
+from mrcnn_bench.running import runner
+from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.records import Record, RunDocument, RunInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -21,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 # values of a parallel product over the smallest subnormal float32 that did not come out zero.
 _CHILD = """
 import sys, torch
-from mrcnn_bench.backends import flush_subnormals
+from mrcnn_bench.running.backends import flush_subnormals
 torch.set_num_threads(2)
 if sys.argv[1] == "late":
     (torch.ones(1 << 21) * 2).sum()  # starts the CPU thread pool before the flush

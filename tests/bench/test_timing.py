@@ -1,4 +1,4 @@
-"""``mrcnn_bench.timing``: every caller keeps the call order it had, and only it reads the clock.
+"""``mrcnn_bench.base.timing``: every caller keeps the call order it had, and only it reads the clock.
 
 The order within a round is part of a measurement (the thing called second runs about 4% differently),
 so each caller's sequence is written out below as the code before the primitive produced it: a change
@@ -12,10 +12,13 @@ import json
 from pathlib import Path
 
 import pytest
+from studies import onoff
 
-from mrcnn_bench import export_timing, interleaved, onoff, runner, timing
-from mrcnn_bench.cases import CASES, Row, Workload
-from mrcnn_bench.records import RowResult
+from mrcnn_bench.base import timing
+from mrcnn_bench.history import interleaved
+from mrcnn_bench.running import export_timing, runner
+from mrcnn_bench.running.cases import CASES, Row, Workload
+from mrcnn_bench.running.records import RowResult
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -148,11 +151,12 @@ def test_export_latency_rotates_every_round():
 # ------------------------------------------------------------------------------------------------
 # Only the primitive reads the clock
 
-# Files that may read a timer themselves, and why. The ceiling (bench/mrcnn_bench/ceiling.py) needs no
+# Files that may read a timer themselves, and why. The ceiling (bench/mrcnn_bench/running/ceiling.py) needs no
 # entry: its loops time themselves in C (clock_gettime), so there is no Python clock in it to find.
 ALLOWED = {
-    "bench/mrcnn_bench/timing.py": "the primitive itself",
-    "bench/mrcnn_bench/probes.py": "the machine's peak rate: the fastest of N calls of one kernel, no order to keep",
+    "bench/mrcnn_bench/base/timing.py": "the primitive itself",
+    "bench/mrcnn_bench/running/probes.py":
+        "the machine's peak rate: the fastest of N calls of one kernel, no order to keep",
     "bench/studies/first_result/first_result.py": "a new process from its launch: the clock crosses processes",
 }
 TIMER_ATTRS = {"perf_counter", "perf_counter_ns"}
@@ -218,6 +222,6 @@ def test_only_the_primitive_and_the_allow_list_read_a_timer():
         lines = timer_uses(path.read_text())
         if lines and rel not in ALLOWED:
             found[rel] = lines
-    assert found == {}, "time calls through mrcnn_bench.timing (timed, timed_rounds, Stopwatch)"
+    assert found == {}, "time calls through mrcnn_bench.base.timing (timed, timed_rounds, Stopwatch)"
     stale = [rel for rel in ALLOWED if not timer_uses((REPO / rel).read_text())]
     assert stale == [], "an allow-list entry that reads no timer any more"

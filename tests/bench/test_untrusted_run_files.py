@@ -11,9 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from mrcnn_bench import journal, report, store
-from mrcnn_bench.cases import Workload
-from mrcnn_bench.records import Record, RunDocument, RunInfo
+from mrcnn_bench.reports import report
+from mrcnn_bench.running import journal, store
+from mrcnn_bench.running.cases import Workload
+from mrcnn_bench.running.records import Record, RunDocument, RunInfo
 
 SCRIPT = "<script>alert(1)</script>"
 QUOTE_BREAK = '"><img src=x onerror=alert(1)>'
@@ -55,7 +56,7 @@ def test_report_of_a_run_file_named_outside_out_exits_2_and_writes_nothing(tmp_p
     raw["name"] = "../ESCAPED"
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "run.json").write_text(json.dumps(raw))
-    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "report", str(tmp_path / "in" / "run.json"),
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "report", str(tmp_path / "in" / "run.json"),
                            "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and "file stem" in proc.stderr and "Traceback" not in proc.stderr
     assert not list(tmp_path.glob("ESCAPED*"))
@@ -94,7 +95,7 @@ def test_resume_cuts_a_torn_tail_before_appending(tmp_path):
 def test_one_process_at_a_time_holds_a_journal(tmp_path):
     path = tmp_path / "r.rounds.jsonl"
     held = journal.hold(path)
-    code = f"from mrcnn_bench import journal; from pathlib import Path; journal.hold(Path({str(path)!r}))"
+    code = f"from mrcnn_bench.running import journal; from pathlib import Path; journal.hold(Path({str(path)!r}))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert other.returncode != 0 and f"being written by process {os.getpid()}" in other.stderr
     held.close()
@@ -105,7 +106,7 @@ def test_one_process_at_a_time_holds_a_journal(tmp_path):
 def test_run_refuses_before_measuring_over_finished_rounds_and_while_held(tmp_path):
     path = journal.path_for(tmp_path, "r")
     _journal(path, 3)
-    args = [sys.executable, "-m", "mrcnn_bench.cli", "run", "--cases", "static/eager", "--rounds", "1",
+    args = [sys.executable, "-m", "mrcnn_bench", "run", "--cases", "static/eager", "--rounds", "1",
             "--out", str(tmp_path), "--name", "r", "--no-progress"]
     refused = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "--start-over discards it" in refused.stderr, refused.stderr
@@ -136,7 +137,7 @@ def test_a_crash_while_saving_leaves_the_previous_run_file(tmp_path, monkeypatch
 def test_two_run_files_of_one_name_get_a_page_each(tmp_path):
     for machine in ("a", "b"):
         store.save(_doc(name="run_tiny"), tmp_path / machine / "run_tiny.json")
-    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "report", str(tmp_path / "a" / "run_tiny.json"),
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "report", str(tmp_path / "a" / "run_tiny.json"),
                            str(tmp_path / "b" / "run_tiny.json"), "--out", str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -154,7 +155,7 @@ def test_a_run_file_whose_times_are_not_times_is_refused(tmp_path, times):
     with pytest.raises(ValueError, match=r"run\.json: record 'static/eager': times_s must be a list of seconds"):
         store.load(path)
     if times == [0.1, None]:  # the command line once (it crashed with exit 3 on this file)
-        proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "report", str(path), "--out",
+        proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "report", str(path), "--out",
                                str(tmp_path / "o")], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 2 and "times_s" in proc.stderr and "internal error" not in proc.stderr
 
@@ -184,7 +185,7 @@ def test_a_damaged_run_file_in_a_folder_is_an_error_other_json_is_not(tmp_path):
 
 @pytest.mark.parametrize("tag", ["a,b", "a/b", "a b"])
 def test_a_case_tag_that_cannot_be_selected_is_refused(tag):
-    from mrcnn_bench.cases import Case  # here: the other tests need no case machinery
+    from mrcnn_bench.running.cases import Case  # here: the other tests need no case machinery
 
     with pytest.raises(ValueError, match="case tag"):
         Case("static", tag=tag)

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mrcnn_bench.cases import USER_CASES_ENV, Case, Row, add_case, register_implementation
+from mrcnn.exits import UsageError
+from mrcnn_bench.running.cases import USER_CASES_ENV, Case, Row, add_case, register_implementation
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "bench" / "examples"
@@ -22,7 +23,7 @@ def with_cases(module: str, *paths: Path) -> dict[str, str]:
 
 
 def bench(args: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", *args], env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "mrcnn_bench", *args], env=env, capture_output=True,
                           text=True, timeout=timeout, cwd=REPO)
 
 
@@ -44,14 +45,14 @@ def test_the_readme_example_runs_beside_the_built_in_cases(tmp_path):
 
 
 QUICK_MODULE = """
-from mrcnn_bench.cases import Case, add_case
+from mrcnn_bench.running.cases import Case, add_case
 add_case(Case("static", tag="k16", overrides=(("box_detections_per_img", 16),)), quick=True)
 """
 
 CHECK = """
 import sys
 sys.path.insert(0, {suite!r})
-from mrcnn_bench import cases
+from mrcnn_bench.running import cases
 import benchmarks  # the asv suite
 assert "static/eager+k16" in cases.QUICK and "static/eager+k16" in cases.TRACKED, cases.QUICK
 assert "static/eager+k16" in benchmarks.Latency.params, benchmarks.Latency.params
@@ -72,8 +73,8 @@ BROKEN = {  # module source -> the one line every command prints (exit 2): its s
     "raise RuntimeError('typo in my cases')\n":
         "$MRCNN_BENCH_CASES: cannot load 'broken_cases': RuntimeError: typo in my cases",
     "def cases(:\n": "$MRCNN_BENCH_CASES: cannot load 'broken_cases': SyntaxError: ",  # its text varies by Python
-    "from mrcnn_bench.cases import Case, add_case\nadd_case(Case('static'))\n":
-        "$MRCNN_BENCH_CASES: cannot load 'broken_cases': ValueError: a case named 'static/eager' already exists",
+    "from mrcnn_bench.running.cases import Case, add_case\nadd_case(Case('static'))\n":
+        "$MRCNN_BENCH_CASES: cannot load 'broken_cases': UsageError: a case named 'static/eager' already exists",
 }
 
 
@@ -104,13 +105,13 @@ def test_an_entry_point_that_fails_to_load_is_named_in_one_line_exit_2(tmp_path)
 
 
 def test_case_rules_and_round_trip():
-    with pytest.raises(ValueError, match="needs a tag"):
+    with pytest.raises(UsageError, match="needs a tag"):  # a user's case module's mistake: exit 2
         Case("static", overrides=(("box_detections_per_img", 8),))
-    with pytest.raises(ValueError, match="impl 'nope'"):
+    with pytest.raises(UsageError, match="impl 'nope'"):  # a user's case module's mistake: exit 2
         Case("nope")
-    with pytest.raises(ValueError, match="already"):
+    with pytest.raises(UsageError, match="already"):  # a user's case module's mistake: exit 2
         register_implementation("static", "static", "x:y")
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(UsageError, match="already exists"):  # a user's case module's mistake: exit 2
         add_case(Case("static"))
     case = Case("static", tag="k8", overrides=[["box_detections_per_img", 8]])  # as JSON gives it
     row = Row(case)
@@ -122,7 +123,7 @@ def test_a_builder_that_does_not_load_is_refused_before_set_up(tmp_path):
     """The module registering the case loads, but the builder it names does not: found when --cases is
     read, in one line naming the case and the builder, not in each row's worker after set-up began."""
     (tmp_path / "late_cases.py").write_text(
-        "from mrcnn_bench.cases import Case, add_case, register_implementation\n"
+        "from mrcnn_bench.running.cases import Case, add_case, register_implementation\n"
         "register_implementation('late', interface='torchvision', builder='late_builder:make')\n"
         "add_case(Case('late'))\n")
     (tmp_path / "late_builder.py").write_text("raise RuntimeError('typo in my builder')\n")

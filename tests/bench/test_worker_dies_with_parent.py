@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from mrcnn_bench.execution import dies_with_parent
+from mrcnn_bench.running.execution import dies_with_parent
 
 PARENT = """
 import subprocess, sys, time
-from mrcnn_bench.execution import dies_with_parent
+from mrcnn_bench.running.execution import dies_with_parent
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
                          preexec_fn=dies_with_parent())
 print(child.pid, flush=True)

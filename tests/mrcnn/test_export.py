@@ -5,7 +5,7 @@ The custom ops' own checks (``torch.library.opcheck`` of ``mrcnn::nms_fixed``,
 autograd) live in tests/mrcnn/test_ops_*.py. Here: the packages hold none of those ops (all have Python
 kernels only), neither as a graph node nor as an op an AOTInductor package calls by name.
 ``mrcnn export`` (:mod:`mrcnn.export.cli`) builds and checks packages; the harness's
-``mrcnn-bench export-time`` (:mod:`mrcnn_bench.export_timing`) checks and times them.
+``mrcnn-bench export-time`` (:mod:`mrcnn_bench.running.export_timing`) checks and times them.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
-from mrcnn_bench import export_timing
+from mrcnn_bench.running import export_timing
 from tests.helpers.detections import BOX_ATOL_PX, PROB_ATOL
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -78,7 +78,7 @@ def test_trust_and_the_allow_list_let_it_through_until_it_changes(doctored, load
 
 
 def test_export_time_refuses_it_with_exit_2_and_runs_nothing(doctored):
-    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench.cli", "export-time", str(doctored)],
+    proc = subprocess.run([sys.executable, "-m", "mrcnn_bench", "export-time", str(doctored)],
                           capture_output=True, text=True, timeout=300, env={**os.environ})
     assert proc.returncode == 2 and "--trust-package" in proc.stderr and "Traceback" not in proc.stderr
     assert not (doctored.parent / "ran").exists()

@@ -176,9 +176,9 @@ def test_compiled_stages_build_one_graph_per_canvas_and_bucket(tiny_cfg):
 def test_run_counts_flops_per_config_override(monkeypatch):
     """A row whose case overrides the config (mask buckets) does other work than the same case
     without: its FLOPs are counted on its own, not taken from that row."""
-    from mrcnn_bench import row_extras
-    from mrcnn_bench.cases import CASES, Row
-    from mrcnn_bench.records import RowResult
+    from mrcnn_bench.running import row_extras
+    from mrcnn_bench.running.cases import CASES, Row
+    from mrcnn_bench.running.records import RowResult
 
     counted = []
 

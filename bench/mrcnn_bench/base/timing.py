@@ -6,9 +6,9 @@ thing called second runs about 4% differently: bench/studies/compare_order_effec
 part of the measurement and each caller keeps its own. An order is one of :data:`ORDERS`:
 
 - ``"rotate"``: round ``r`` starts at item ``r mod n`` (A B C, B C A, C A B, ...): the run loop
-  (:func:`mrcnn_bench.runner.timed_rounds`) and the export latency table;
+  (:func:`mrcnn_bench.running.runner.timed_rounds`) and the export latency table;
 - ``"alternate"``: the order reversed every other round (A B, B A, A B, ...): the one-lever studies
-  (:func:`mrcnn_bench.onoff.run_rounds`) and the ruler (:func:`mrcnn_bench.interleaved.interleave`,
+  (:func:`mrcnn_bench.onoff.run_rounds`) and the ruler (:func:`mrcnn_bench.history.interleaved.interleave`,
   ruler first on even rounds);
 - ``"fixed"``: the same order every round.
 

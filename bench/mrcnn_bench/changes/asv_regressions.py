@@ -1,10 +1,10 @@
 """Every regression asv flagged, by commit, and whether the scratch range's verdict holds.
 
-    PYTHONPATH=bench python bench/tools/asv_flags.py [--html results/html] [--out results/asv/regressions.md]
+    mrcnn-bench asv flags [--html results/html] [--out results/asv/regressions.md]
 
 Reads what ``asv publish`` wrote (``regressions.json``, ``index.json``) and lists each flag: the
 benchmark and its parameters, the branch, the commit where the step is, the values before and
-after. Commits of the scratch range (``bench/tools/asv_scratch.py``) are named by their kind. The verdict
+after. Commits of the scratch range (``mrcnn-bench asv scratch``) are named by their kind. The verdict
 covers the held metrics only (ratios to the ruler, compile counts, ``1 - AP``): on the scratch
 branch, the commits of the range they flag must be exactly the three injected ones. Raw seconds,
 time to first result, peak memory and FLOPs are listed but not held to it. A held flag on one of
@@ -23,19 +23,28 @@ import re
 import sys
 from pathlib import Path
 
-from mrcnn_bench.scratch_range import expected
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.history.scratch_range import expected
 
 HELD = ("track_ratio", "track_count", "track_box_error", "track_mask_error")
 SCRATCH_BRANCH = "asv-scratch"
 
 
 def _scratch_commits(repo: Path) -> dict[str, str]:
-    """Full hash -> kind, for the commits bench/tools/asv_scratch.py builds (computed, not read from the branch)."""
+    """Full hash -> kind, for the commits mrcnn-bench asv scratch builds (computed, not read from the branch)."""
     return {c["hash"]: c["kind"] for c in expected(repo)}
 
 
 def flags(html: Path) -> list[dict[str, object]]:
-    """One row per (benchmark, branch, step) that asv's regression detection reports."""
+    """One row per (benchmark, branch, step) that asv's regression detection reports; UsageError when
+    ``html`` does not hold the index.json and regressions.json asv publish writes."""
+    try:
+        return _flags(html)
+    except (ValueError, KeyError, TypeError) as e:  # asv's files, read as they are
+        raise UsageError(f"{html}: not asv publish's index and regressions ({type(e).__name__}: {e})") from None
+
+
+def _flags(html: Path) -> list[dict[str, object]]:
     index = json.loads((html / "index.json").read_text())
     to_hash = index["revision_to_hash"]
     rows = []
@@ -85,14 +94,19 @@ def verdict(rows: list[dict[str, object]], kinds: dict[str, str]) -> tuple[bool,
     return ok, lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv flags") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv flags``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--html", type=Path, default=Path("results/html"), help="asv's published folder")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the repository (for the scratch hashes)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv flags") -> int:
+    args = build_parser(prog).parse_args(argv)
     if not (args.html / "regressions.json").is_file():
-        print(f"asv_flags: no regressions.json in {args.html}: run make asv-publish first", file=sys.stderr)
+        print(f"{prog}: no regressions.json in {args.html}: run make asv-publish first", file=sys.stderr)
         return 2
     kinds = _scratch_commits(args.repo)
     rows = flags(args.html)
@@ -109,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         args.out.write_text(
-            f"# What asv flagged\n\n`{' '.join(['python bench/tools/asv_flags.py', *(argv or sys.argv[1:])])}`\n\n"
+            f"# What asv flagged\n\n`{' '.join([prog, *(argv or sys.argv[1:])])}`\n\n"
             + text
         )
     return 0 if ok else 1

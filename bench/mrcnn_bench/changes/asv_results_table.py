@@ -1,12 +1,12 @@
 """The held metrics of every commit one asv machine has results for, oldest first, as one table.
 
-    PYTHONPATH=bench python bench/tools/asv_table.py MACHINE [--revs REVS] [--steps] [--results results/asv] [--repo .]
+    mrcnn-bench asv table MACHINE [--revs REVS] [--steps] [--results results/asv] [--repo .]
         [--out FILE.md]
 
 Reads asv's result files through asv's own loader and prints, per commit (ordered by commit date):
 the ratio of each inference case and of the training step to the ruler, the compile counts (XLA
 compiles and fallbacks; inductor graphs, breaks, recompiles) and ``1 - AP`` for box and mask. These
-are the figures the history is judged on (:data:`mrcnn_bench.asv_regressions.HELD`); the dashboard
+are the figures the history is judged on (:data:`mrcnn_bench.changes.asv_regressions.HELD`); the dashboard
 draws the rest. The commit's subject comes from git when the repository has the commit. ``--steps`` adds the levels
 asv's own step detection finds in each ratio, in both directions: the regressions page lists only
 increases, so an improvement shows here and nowhere else. ``--revs`` keeps the commits ``git rev-list
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +27,9 @@ from pathlib import Path
 import pandas as pd
 from asv.results import iter_results_for_machine
 from asv.step_detect import detect_steps
+
+from mrcnn_bench.base import vcs
+from mrcnn_bench.base.errors import UsageError
 
 RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
 COUNTS = "benchmarks.Compiles.track_count"
@@ -44,7 +46,7 @@ def suite_versions(results: Path) -> dict[str, str] | None:
     try:
         suite = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise ValueError(f"{path}: not asv's benchmarks.json ({e})") from None
+        raise UsageError(f"{path}: not asv's benchmarks.json ({e})") from None
     return {name: b["version"] for name, b in suite.items() if isinstance(b, dict) and "version" in b}
 
 
@@ -67,21 +69,13 @@ def _count(values: dict[tuple[str, ...], float], case: str, names: tuple[str, ..
 
 
 def _subject(repo: Path, commit: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "log", "-1", "--format=%s", commit], capture_output=True, text=True, check=False
-    )
-    return done.stdout.strip()[:60] if done.returncode == 0 else ""
+    return (vcs.output(repo, "log", "-1", "--format=%s", "--end-of-options", commit, "--") or "")[:60]
 
 
 def line_of_commits(repo: Path, revs: str) -> list[str]:
     """Full hashes of ``git rev-list --reverse REVS`` in ``repo``: oldest first; ValueError naming
     git's first line of complaint when git cannot."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", "--reverse", revs], capture_output=True, text=True,
-                          check=False)  # fmt: skip
-    if done.returncode != 0:
-        first = (done.stderr.strip().splitlines() or ["no output"])[0]
-        raise ValueError(f"git rev-list {revs!r} failed in {repo}: {first}")
-    return done.stdout.split()
+    return vcs.rev_list(repo, revs, reverse=True)
 
 
 def commits(repo: Path, revs: str) -> set[str]:
@@ -141,24 +135,29 @@ def levels(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv table") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv table``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("machine", help="asv's machine name (a folder under --results)")
     parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     parser.add_argument("--revs", default=None, help="only the commits `git rev-list REVS` lists (default: all)")
     parser.add_argument("--steps", action="store_true", help="also the levels asv's step detection finds")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv table") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         only = None if args.revs is None else commits(args.repo, args.revs)
-    except ValueError as error:
-        print(f"asv_table: {error}", file=sys.stderr)
+    except UsageError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
         return 2
     frame = table(args.results, args.machine, args.repo, only)
     among = "" if args.revs is None else f" of {args.revs}"
     if frame.empty:
-        print(f"asv_table: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
+        print(f"{prog}: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
         return 2
     text = frame.to_markdown(index=False, floatfmt=".4f")
     if args.steps:
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         text += f"\n\nLevels (asv.step_detect, oldest first):\n\n{steps}"
     print(text)
     if args.out:
-        command = " ".join(["python bench/tools/asv_table.py", *(argv if argv is not None else sys.argv[1:])])
+        command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])
         args.out.write_text(f"# {args.machine}: {len(frame)} commits{among}\n\n`{command}`\n\n{text}\n")
     return 0
 

@@ -4,7 +4,7 @@ The method is Apache Otava's (the Hunter paper, ICPE 2023: E-Divisive splits ove
 then a merge step that keeps a change point only while a two-sided Student's t-test between its
 neighbouring segments stays below ``max_pvalue``). It is deterministic, unlike the permutation form
 of E-Divisive, so a history gives the same answer every time. Otava runs in an environment of its
-own (:mod:`mrcnn_bench.otava_bridge`; ``make otava-env``), found at ``$MRCNN_OTAVA_PYTHON`` or
+own (:mod:`mrcnn_bench.changes.otava_bridge`; ``make otava-env``), found at ``$MRCNN_OTAVA_PYTHON`` or
 ``.venv-otava/bin/python`` in the repository.
 
 The settings (:data:`SETTINGS`) are Otava's published defaults, fixed before any measured history or
@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from mrcnn_bench.base.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[3]
 PYTHON_ENV = "MRCNN_OTAVA_PYTHON"  # the interpreter of the environment that has apache-otava
 DEFAULT_PYTHON = REPO / ".venv-otava" / "bin" / "python"
 BRIDGE = Path(__file__).with_name("otava_bridge.py")
@@ -56,7 +58,7 @@ def otava_python() -> Path:
     """The interpreter that runs Otava; ValueError (exit 2) naming how to make it when there is none."""
     python = Path(os.environ.get(PYTHON_ENV) or DEFAULT_PYTHON)
     if not python.exists():
-        raise ValueError(f"no Otava environment at {python}: run `make otava-env` (or set ${PYTHON_ENV})")
+        raise UsageError(f"no Otava environment at {python}: run `make otava-env` (or set ${PYTHON_ENV})")
     return python
 
 
@@ -80,7 +82,7 @@ def find(series: Mapping[str, tuple[Sequence[str], Sequence[float]]]) -> list[Ch
     short = {m: len(v) for m, (_, v) in series.items() if len(v) < MIN_POINTS}
     if short:
         listed = ", ".join(f"{m!r} ({n})" for m, n in short.items())
-        raise ValueError(f"the change-point method needs at least {MIN_POINTS} points per metric; "
+        raise UsageError(f"the change-point method needs at least {MIN_POINTS} points per metric; "
                          f"too few in {listed}")
     varying = {m: list(v) for m, (_, v) in series.items() if max(v) != min(v)}
     found = _detect(varying) if varying else {}

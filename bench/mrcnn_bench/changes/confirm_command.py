@@ -19,6 +19,8 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
+from mrcnn_bench.base.errors import UsageError
+
 POWER, ALPHA = 0.90, 0.05
 WILCOXON_EFFICIENCY = 0.955
 MIN_ROUNDS = 10
@@ -31,7 +33,7 @@ def case_of(metric: str) -> str:
 
 def round_noise(folder: Path | None) -> dict[str, float]:
     """Case -> standard deviation of ln(case / ruler) per round, within each process of the A/A
-    study in ``folder`` (``run_*.json`` of :mod:`mrcnn_bench.aa_spread`), pooled over its processes
+    study in ``folder`` (``run_*.json`` of :mod:`mrcnn_bench.history.aa_spread`), pooled over its processes
     and runs; empty when there is no such study."""
     if folder is None or not folder.is_dir():
         return {}
@@ -42,7 +44,11 @@ def _pooled(paths: Sequence[Path]) -> dict[str, float]:
     """:func:`round_noise` over the study files ``paths``."""
     squares: dict[str, list[float]] = {}
     for path in paths:
-        for case, part in json.loads(path.read_text()).get("timing", {}).items():
+        try:  # a file of the study, read as it is
+            timing = json.loads(path.read_text()).get("timing", {})
+        except (ValueError, AttributeError) as e:
+            raise UsageError(f"{path}: not a run file of an A/A study ({type(e).__name__}: {e})") from None
+        for case, part in timing.items():
             record = part.get("record") or {}
             logs = [math.log(c / r) for c, r in zip(record.get("case_s", []), record.get("ruler_s", []), strict=True)]
             per = max(1, record.get("processes", 1))
@@ -62,9 +68,9 @@ def noise_by_machine(specs: Sequence[str]) -> dict[str | None, dict[str, float]]
         machine, _, folder = spec.partition("=") if "=" in spec else (None, "", spec)
         paths = sorted(Path(folder).glob("run_*.json"))
         if not paths:
-            raise ValueError(f"--noise {spec}: no A/A study (run_*.json) in {folder}")
+            raise UsageError(f"--noise {spec}: no A/A study (run_*.json) in {folder}")
         if machine in out:
-            raise ValueError(f"--noise {spec}: {machine or 'the default'} has an A/A study already")
+            raise UsageError(f"--noise {spec}: {machine or 'the default'} has an A/A study already")
         out[machine or None] = _pooled(paths)
     return out
 
@@ -83,7 +89,8 @@ def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noi
     case = case_of(metric)
     if metric.startswith("Accuracy."):
         command = (f"for r in {parent} {commit}; do git worktree add -f /tmp/mrcnn-$r $r && "
-                   f"PYTHONPATH=/tmp/mrcnn-$r:bench python -m mrcnn_bench.fixed_accuracy evaluate /tmp/mrcnn-$r.json; "
+                   f"PYTHONPATH=/tmp/mrcnn-$r:bench python -m mrcnn_bench.history.fixed_accuracy "
+                   f"evaluate /tmp/mrcnn-$r.json; "
                    "done  # 1 - AP of the fixed checkpoint with each commit's inference: exact")
         return command, None, ""
     if metric.startswith("Compiles."):

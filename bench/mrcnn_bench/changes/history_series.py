@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import csv
 import math
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 from asv.results import iter_results_for_machine
 
-from mrcnn_bench.asv_results_table import suite_versions
-from mrcnn_bench.asv_results_table import values as result_values
-from mrcnn_bench.changepoints import MIN_POINTS
+from mrcnn_bench.base import vcs
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.changes.asv_results_table import suite_versions
+from mrcnn_bench.changes.asv_results_table import values as result_values
+from mrcnn_bench.changes.changepoints import MIN_POINTS
 
 Series = dict[str, tuple[list[str], list[float]]]
 DEFAULT_METRIC = "value"
@@ -44,13 +45,13 @@ def read_csv(path: Path) -> Series:
         with open(path, newline="", encoding="utf-8-sig") as f:  # a BOM, as spreadsheets write
             rows = list(csv.reader(f))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise ValueError(f"{path}: cannot read it as CSV ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: cannot read it as CSV ({type(e).__name__}: {e})") from None
     if not rows:
-        raise ValueError(f"{path}: empty; expected a header with the columns commit and value")
+        raise UsageError(f"{path}: empty; expected a header with the columns commit and value")
     header = rows[0]
     missing = [c for c in ("commit", "value") if c not in header]
     if missing:
-        raise ValueError(f"{path}: the header {header} has no column {' or '.join(missing)} "
+        raise UsageError(f"{path}: the header {header} has no column {' or '.join(missing)} "
                          "(expected commit, value and optionally metric)")
     col = {name: header.index(name) for name in ("commit", "value", "metric") if name in header}
     series: Series = {}
@@ -58,27 +59,27 @@ def read_csv(path: Path) -> Series:
         if not row:
             continue  # a blank line
         if len(row) != len(header):
-            raise ValueError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}")
+            raise UsageError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}")
         commit, text = row[col["commit"]], row[col["value"]]
         metric = row[col["metric"]] if "metric" in col else DEFAULT_METRIC
         if not commit:
-            raise ValueError(f"{path}, line {line}: empty commit")
+            raise UsageError(f"{path}, line {line}: empty commit")
         if not metric:
-            raise ValueError(f"{path}, line {line}: empty metric")
+            raise UsageError(f"{path}, line {line}: empty metric")
         try:
             value = float(text)
         except ValueError:
             value = math.nan
         if not math.isfinite(value):
-            raise ValueError(f"{path}, line {line}: value {text!r} is not a finite number")
+            raise UsageError(f"{path}, line {line}: value {text!r} is not a finite number")
         commits, values = series.setdefault(metric, ([], []))
         if commit in commits:
-            raise ValueError(f"{path}, line {line}: commit {commit!r} repeats in metric {metric!r} "
+            raise UsageError(f"{path}, line {line}: commit {commit!r} repeats in metric {metric!r} "
                              f"(first at position {commits.index(commit)})")
         commits.append(commit)
         values.append(value)
     if not series:
-        raise ValueError(f"{path}: a header and no rows")
+        raise UsageError(f"{path}: a header and no rows")
     return series
 
 
@@ -100,7 +101,7 @@ def default_machine(results: Path, line: list[str], revs: str) -> str:
         return chosen[0]
     listed = ", ".join(f"{m} ({n})" for m, n in counts.items()) or "none"
     why = "several machines have" if chosen else "no machine has"
-    raise ValueError(f"{why} results for {MIN_MAIN_COMMITS} or more commits of {revs} under {results}; "
+    raise UsageError(f"{why} results for {MIN_MAIN_COMMITS} or more commits of {revs} under {results}; "
                      f"choose one with --machine: {listed}")
 
 
@@ -114,14 +115,14 @@ def read_asv(
 ) -> tuple[Series, list[str]]:
     """The figures of ``benchmarks`` (default: the held ones) of ``machine`` over ``line``'s commits
     (oldest first, 8-character hashes), of the suite's current version only (an older version is
-    another series: :func:`mrcnn_bench.asv_results_table.suite_versions`).
+    another series: :func:`mrcnn_bench.changes.asv_results_table.suite_versions`).
 
     A commit without a figure (not measured, or not measurable there: NaN) is left out of that
     metric's series. Returns the series with at least :data:`MIN_POINTS` points, and the names of
     the metrics left out for having fewer. ValueError when the machine has no results on the line.
     """
     if not (results / machine / "machine.json").exists():
-        raise ValueError(f"no asv machine {machine!r} under {results}")
+        raise UsageError(f"no asv machine {machine!r} under {results}")
     versions = suite_versions(results)
     by_commit = {r.commit_hash: r for r in iter_results_for_machine(str(results), machine)}
     series: Series = {}
@@ -139,7 +140,7 @@ def read_asv(
                 commits.append(commit[:8])
                 values.append(float(value))
     if not series:
-        raise ValueError(f"machine {machine!r} has no results for these commits under {results}")
+        raise UsageError(f"machine {machine!r} has no results for these commits under {results}")
     short = [m for m, (c, _) in series.items() if len(c) < MIN_POINTS]
     return {m: s for m, s in series.items() if m not in short}, short
 
@@ -148,11 +149,11 @@ def unmeasured_between(repo: Path, older: str, newer: str) -> int:
     """How many commits after ``older`` and before ``newer`` change :data:`MEASURED_PATHS`: where a
     machine skipped some, a step it finds at ``newer`` may have come from any of them. 0 when git
     does not know the commits."""
-    done = subprocess.run(["git", "-C", str(repo), "rev-list", f"{older}..{newer}", "--", *MEASURED_PATHS],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    try:
+        hashes = vcs.rev_list(repo, f"{older}..{newer}", MEASURED_PATHS)
+    except vcs.GitError:
         return 0
-    return sum(1 for h in done.stdout.split() if not h.startswith(newer))
+    return sum(1 for h in hashes if not h.startswith(newer))
 
 
 def skipped_before(repo: Path, series: Series, point_metric: str, index: int) -> tuple[str, int]:

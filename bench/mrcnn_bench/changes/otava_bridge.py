@@ -1,11 +1,11 @@
 """Apache Otava's change-point detection over plain series: run by Otava's own interpreter.
 
-    .venv-otava/bin/python bench/mrcnn_bench/otava_bridge.py < request.json > answer.json
+    .venv-otava/bin/python bench/mrcnn_bench/changes/otava_bridge.py < request.json > answer.json
 
 ``apache-otava`` pins numpy and scipy to versions the harness's environment does not have, and
 brings cloud clients it does not need, so it lives in an environment of its own (``make
 otava-env``) and this file is the whole of the harness that runs there: standard library only at
-import, so it runs as a plain script without the harness installed. :mod:`mrcnn_bench.changepoints`
+import, so it runs as a plain script without the harness installed. :mod:`mrcnn_bench.changes.changepoints`
 starts it and reads its answer.
 
 Request (stdin, JSON): ``{"series": {"metric": [float, ...], ...}, "window": int, "max_pvalue":

@@ -1,17 +1,17 @@
 """The regression report: each regression change point of the history, written to be filed as is.
 
-    python -m mrcnn_bench.regression_report [--results results/asv] [--repo .] [--noise [MACHINE=]DIR ...]
+    mrcnn-bench asv report [--results results/asv] [--repo .] [--noise [MACHINE=]DIR ...]
         [--line NAME=REVS ...] [--md FILE.md] [--html FILE.html] [--dashboard URL]
 
 For every line of commits (default: main, and the scratch and steps ranges of
-:mod:`mrcnn_bench.scratch_range`) and every asv machine with results on it, finds the change points
-of the held figures (:data:`mrcnn_bench.history_series.HELD`) and of the stage ratios
-(:data:`~mrcnn_bench.history_series.STAGES`) with :mod:`mrcnn_bench.changepoints`. Each regression
+:mod:`mrcnn_bench.history.scratch_range`) and every asv machine with results on it, finds the change points
+of the held figures (:data:`mrcnn_bench.changes.history_series.HELD`) and of the stage ratios
+(:data:`~mrcnn_bench.changes.history_series.STAGES`) with :mod:`mrcnn_bench.changes.changepoints`. Each regression
 in a held figure becomes a block: the commit and its subject, the metric, the level before and after
 with 95% intervals (Student's t over the commits of each level), the stages whose ratio stepped
 within one commit of it in the same direction, the graph's address on the dashboard, and a command
 that confirms it live (the commit against its parent, interleaved:
-:mod:`mrcnn_bench.confirm_command`; against the last commit with a value where the machine has none
+:mod:`mrcnn_bench.changes.confirm_command`; against the last commit with a value where the machine has none
 for commits that change the library, not measured or failed, which the block counts). A step in a
 ``torchvision/`` case, the control, is marked so. ``--md`` writes the blocks as markdown;
 ``--html`` writes a page of the dashboard with the same blocks and, beside each line's change
@@ -26,7 +26,6 @@ import html
 import json
 import math
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,11 +33,13 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
-from mrcnn_bench import asv_regressions, asv_results_table, changepoints, history_series
-from mrcnn_bench.changepoints import ChangePoint
-from mrcnn_bench.confirm_command import case_of, confirm, noise_by_machine
-from mrcnn_bench.scratch_range import RANGES
-from mrcnn_bench.screenshots import graph_hash
+from mrcnn_bench.base import vcs
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.changes import asv_regressions, asv_results_table, changepoints, history_series
+from mrcnn_bench.changes.changepoints import ChangePoint
+from mrcnn_bench.changes.confirm_command import case_of, confirm, noise_by_machine
+from mrcnn_bench.history.scratch_range import RANGES
+from mrcnn_bench.publish.screenshots import graph_hash
 
 STAGE_WINDOW = 1  # a stage's change point counts when it is this many commits or fewer from the step
 DEFAULT_LINES = {"main": "main", **{name: rng.revs for name, rng in RANGES.items()}}
@@ -102,11 +103,10 @@ def levels(points: Sequence[ChangePoint], values: Sequence[float], point: Change
 def git_commit(repo: Path, commit: str) -> tuple[str, str, str]:
     """(full hash, first parent, subject) of ``commit``; ``(commit, commit + "^", "")`` when git
     does not know it."""
-    done = subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%H%x00%P%x00%s", commit, "--"],
-                          capture_output=True, text=True, check=False)
-    if done.returncode != 0 or "\0" not in done.stdout:
+    done = vcs.output(repo, "log", "-1", "--format=%H%x00%P%x00%s", "--end-of-options", commit, "--")
+    if done is None or "\0" not in done:
         return commit, f"{commit}^", ""
-    full, parents, subject = done.stdout.rstrip("\n").split("\0", 2)
+    full, parents, subject = done.split("\0", 2)
     return full, (parents.split() or [f"{commit}^"])[0], subject
 
 
@@ -139,7 +139,7 @@ def regressions(
     points = changepoints.find(series)
     try:
         stage_series, _ = history_series.read_asv(results, machine, commits, history_series.STAGES)
-    except ValueError:  # measured before stages were: none to show
+    except UsageError:  # measured before stages were: none to show
         stage_series = {}
     stage_points = changepoints.find(stage_series) if stage_series else []
     position = {c[:8]: i for i, c in enumerate(commits)}
@@ -315,14 +315,14 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
     """A :class:`Section` for each line and each machine (``only``, when given) with enough of its commits;
     ``noise``: :func:`noise_by_machine`."""
     suite_path = results / "benchmarks.json"
+    asv_results_table.suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
     suite = json.loads(suite_path.read_text()) if suite_path.is_file() else None
     flagged = asv_regressions.flags(html_dir) if html_dir and (html_dir / "regressions.json").is_file() else []
-    asv_results_table.suite_versions(results)  # a broken benchmarks.json is an error here, not a silent empty report
     out = []
     for line, revs in lines.items():
         try:
             commits = asv_results_table.line_of_commits(repo, revs)
-        except ValueError as e:  # a range not built here (make asv-scratch builds both)
+        except UsageError as e:  # a range not built here (make asv-scratch builds both)
             out.append(Section(line, "-", error=str(e)))
             continue
         branch = branch_of(line)
@@ -332,7 +332,7 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
             try:
                 points, found, gaps = regressions(line, revs, machine, results, repo,
                                                   noise.get(machine, noise.get(None, {})), dashboard, suite)
-            except ValueError as e:
+            except UsageError as e:
                 out.append(Section(line, machine, error=str(e)))
                 continue
             mine = [f for f in flagged if f["machine"] == machine and f["branch"] == branch
@@ -341,8 +341,9 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.regression_report", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv report") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv report``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository")
     parser.add_argument("--noise", action="append", default=[], metavar="[MACHINE=]DIR",
@@ -357,13 +358,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dashboard", default="", help="the dashboard's address, prefixed to the graph links")
     parser.add_argument("--md", type=Path, default=None, help="write the report here (markdown)")
     parser.add_argument("--html", type=Path, default=None, help="write the dashboard page here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "mrcnn-bench asv report") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         lines = dict(_pair(text) for text in args.line) or DEFAULT_LINES
         found = sections(lines, args.results, args.repo, noise_by_machine(args.noise), args.dashboard, args.html_dir,
                          args.machine)
-    except ValueError as e:
-        print(f"regression_report: {e}", file=sys.stderr)
+    except UsageError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     entries = [e for s in found for e in s.regressions]
     text = "# Regressions in the history, ready to file\n\n" + markdown(entries)
@@ -399,7 +404,7 @@ def link_from_dashboard(page_file: Path) -> bool:
 def _pair(text: str) -> tuple[str, str]:
     name, sep, revs = text.partition("=")
     if not sep or not name or not revs:
-        raise ValueError(f"--line {text!r}: expected NAME=REVS, e.g. main=main")
+        raise UsageError(f"--line {text!r}: expected NAME=REVS, e.g. main=main")
     return name, revs
 
 

@@ -4,10 +4,10 @@
     mrcnn-bench steps --series FILE.csv [--json]
 
 Reads the held figures of one asv machine over one line of commits (default: main's line, on the
-one machine that has results for :data:`mrcnn_bench.history_series.MIN_MAIN_COMMITS` or more of its
+one machine that has results for :data:`mrcnn_bench.changes.history_series.MIN_MAIN_COMMITS` or more of its
 commits) or, with ``--series``, plain series from a CSV file (``commit``, ``value``, optionally
-``metric``: :func:`mrcnn_bench.history_series.read_csv`), and finds each metric's change points
-with the method of :mod:`mrcnn_bench.changepoints`. Lower is better in every series. ``--stages``
+``metric``: :func:`mrcnn_bench.changes.history_series.read_csv`), and finds each metric's change points
+with the method of :mod:`mrcnn_bench.changes.changepoints`. Lower is better in every series. ``--stages``
 reads the stage ratios instead (``Stages.track_ratio``: each stage of a case over the ruler's same
 stage): where in the model a level moved, including steps too small to move the whole call. A
 change point whose machine has no value for some commits that change the library before it (not
@@ -20,7 +20,7 @@ per change point with the keys ``metric``, ``commit``, ``index``, ``before``, ``
 (``[]`` when there is none). ``change_pct`` is ``100 (after - before) / before``, ``null`` when
 ``before`` is 0 (a count that was 0); ``direction`` is ``"regression"`` exactly when it is above 0
 (or, when it is null, when ``after`` is above ``before``), else ``"improvement"``. Exit 2 when the
-input is unreadable or a metric has too few points (:data:`mrcnn_bench.changepoints.MIN_POINTS`),
+input is unreadable or a metric has too few points (:data:`mrcnn_bench.changes.changepoints.MIN_POINTS`),
 else 1 when a regression was found, else 0.
 """
 
@@ -31,8 +31,9 @@ import json
 import sys
 from pathlib import Path
 
-from mrcnn_bench import asv_results_table, changepoints, history_series
-from mrcnn_bench.changepoints import ChangePoint
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.changes import asv_results_table, changepoints, history_series
+from mrcnn_bench.changes.changepoints import ChangePoint
 
 DEFAULT_RESULTS = "results/asv"
 DEFAULT_REVS = "main"
@@ -61,7 +62,7 @@ def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
     """The series the arguments name, and a line saying where they come from."""
     if args.series is not None:
         if args.stages:
-            raise ValueError("--stages reads asv's results; a --series file holds its own metrics")
+            raise UsageError("--stages reads asv's results; a --series file holds its own metrics")
         series = history_series.read_csv(args.series)
         return series, f"{args.series}: {len(series)} metric(s)"
     line = asv_results_table.line_of_commits(args.repo, args.revs)
@@ -69,7 +70,7 @@ def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
     which = history_series.STAGES if args.stages else history_series.HELD
     series, short = history_series.read_asv(args.results, machine, line, which)
     if not series:
-        raise ValueError(f"machine {machine!r}: no metric has {changepoints.MIN_POINTS} or more commits of "
+        raise UsageError(f"machine {machine!r}: no metric has {changepoints.MIN_POINTS} or more commits of "
                          f"{args.revs} (the change-point method needs that many)")
     where = f"{machine}, {max(len(c) for c, _ in series.values())} commits of {args.revs}, {len(series)} metrics"
     if short:

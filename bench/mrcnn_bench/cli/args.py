@@ -1,5 +1,5 @@
 """Pieces of ``mrcnn-bench``'s argument parsers that need no benchmark case: value parsers (image
-sizes, CPU lists) and the gate's options. Like :mod:`mrcnn_bench.cli`, nothing here loads torch.
+sizes, CPU lists) and the gate's options. Like :mod:`mrcnn_bench.cli.commands`, nothing here loads torch.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 
 from mrcnn.config import PRESETS
 from mrcnn.progress import add_progress_flag
-from mrcnn_bench import defaults
+from mrcnn_bench.base import defaults
 
 
 def parse_size(text: str) -> tuple[int, int]:

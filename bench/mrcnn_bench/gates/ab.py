@@ -7,9 +7,9 @@ only when their settings match (:func:`check_comparable`; else ValueError, exit 
 each row's per-round ratio to its own run's reference row (torchvision eager, timed interleaved
 with it), which cancels drift between the runs; a run without the reference row cannot be compared.
 
-Latency: :func:`mrcnn_bench.stats.compare_latency`'s paired rule on each case, its p-values
+Latency: :func:`mrcnn_bench.gates.stats.compare_latency`'s paired rule on each case, its p-values
 Holm-corrected across the cases of the comparison; every ratio comes with its 95% interval and
-``n``, and a case with fewer than :data:`~mrcnn_bench.stats.MIN_SAMPLES` samples gets no ratio.
+``n``, and a case with fewer than :data:`~mrcnn_bench.gates.stats.MIN_SAMPLES` samples gets no ratio.
 Deterministic metrics (compile counts, graph breaks, FLOPs) are compared exactly.
 """
 
@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -29,9 +28,13 @@ from typing import Any
 
 import pandas as pd
 
-from mrcnn_bench import defaults, runner, stats, store
-from mrcnn_bench.cases import REFERENCE, Case, Row, Variant
-from mrcnn_bench.records import Record, RunDocument, as_number, to_document
+from mrcnn_bench.base import defaults, vcs
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates import stats
+from mrcnn_bench.running import runner, store
+from mrcnn_bench.running.cases import REFERENCE, Case, Row, Variant
+from mrcnn_bench.running.records import Record, RunDocument, as_number, to_document
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
 # Must match across run files.
@@ -52,7 +55,7 @@ class CompareOptions:
     run: runner.RunOptions | None = None
     overrides_a: tuple[tuple[str, Any], ...] = ()  # config overrides of A only (live)
     overrides_b: tuple[tuple[str, Any], ...] = ()
-    slowdown_a: float = 0.0  # extra inference work of A only (live; see mrcnn_bench.slowdown)
+    slowdown_a: float = 0.0  # extra inference work of A only (live; see mrcnn_bench.running.slowdown)
     slowdown_b: float = 0.0
     threshold: float | None = None  # relative slowdown that counts (None: the stats module's default)
     alpha: float = defaults.ALPHA  # family-wise error rate over the cases (Holm)
@@ -62,18 +65,18 @@ class CompareOptions:
     def __post_init__(self) -> None:
         for label, slowdown in (("A", self.slowdown_a), ("B", self.slowdown_b)):
             if not 0.0 <= slowdown < 1.0:
-                raise ValueError(f"the slowdown of {label} must be in [0, 1), got {slowdown}")
+                raise UsageError(f"the slowdown of {label} must be in [0, 1), got {slowdown}")
         if not 0.0 < self.alpha < 1.0:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+            raise UsageError(f"alpha must be in (0, 1), got {self.alpha}")
         if not self.between_run_sd >= 0.0:
-            raise ValueError(f"the between-run sd must be >= 0, got {self.between_run_sd}")
+            raise UsageError(f"the between-run sd must be >= 0, got {self.between_run_sd}")
 
 
 def are_run_files(a: str, b: str) -> bool:
     """True for two run files (.json), False for two pieces of code; ValueError for one of each."""
     files = [Path(x).suffix == ".json" for x in (a, b)]
     if any(files) and not all(files):
-        raise ValueError("compare two run files, or two pieces of code (git refs / directories), not one of each")
+        raise UsageError("compare two run files, or two pieces of code (git refs / directories), not one of each")
     return all(files)
 
 
@@ -109,7 +112,7 @@ def check_comparable(doc_a: RunDocument, doc_b: RunDocument) -> None:
     sa, sb = settings(doc_a), settings(doc_b)
     diff = [f"{k} (A: {_differing(sa[k], sb[k])}; B: {_differing(sb[k], sa[k])})" for k in COMPARABLE if sa[k] != sb[k]]
     if diff:
-        raise ValueError("the runs cannot be compared, their settings differ: " + ", ".join(diff))
+        raise UsageError("the runs cannot be compared, their settings differ: " + ", ".join(diff))
 
 
 def _differing(mine: str, other: str) -> str:
@@ -131,7 +134,7 @@ def relative_times(recs: list[Record], label: str) -> dict[str, list[float]]:
     """
     ref = next((r for r in recs if r.case == REFERENCE and r.status == "ok" and r.times_s), None)
     if ref is None:
-        raise ValueError(f"run {label} has no {REFERENCE} row with timings: two runs are compared through it")
+        raise UsageError(f"run {label} has no {REFERENCE} row with timings: two runs are compared through it")
     return {r.case: [t / t_ref for t, t_ref in zip(r.times_s, ref.times_s, strict=False)] for r in recs}
 
 
@@ -145,9 +148,9 @@ def compare_records(a: list[Record], b: list[Record], threshold: float | None = 
     """One line per case present in both: n, medians, ratio with its interval, Holm p, verdict, exact changes.
 
     ``relative=False``: A and B were timed interleaved in one run (round i of A next to round i of
-    B; :func:`mrcnn_bench.stats.compare_latency`). ``relative=True``: two stored runs, each row
+    B; :func:`mrcnn_bench.gates.stats.compare_latency`). ``relative=True``: two stored runs, each row
     through its run's reference row (:func:`relative_times`), judged by
-    :func:`mrcnn_bench.stats.compare_stored` with ``between_run_sd``. ``p_value`` is Holm-adjusted
+    :func:`mrcnn_bench.gates.stats.compare_stored` with ``between_run_sd``. ``p_value`` is Holm-adjusted
     over the cases that were tested.
     """
     threshold = defaults.THRESHOLD if threshold is None else threshold
@@ -175,7 +178,8 @@ def compare_records(a: list[Record], b: list[Record], threshold: float | None = 
 def _line(ra: Record, rb: Record, ta: list[float], tb: list[float], threshold: float, alpha: float,
           reference: bool, between_run_sd: float | None) -> tuple[dict[str, Any], stats.LatencyVerdict | None]:
     """A case's line (verdict filled in later, once p is Holm-adjusted) and its verdict if it was tested.
-    ``between_run_sd``: None for interleaved samples, else stored runs' (:func:`mrcnn_bench.stats.compare_stored`)."""
+    ``between_run_sd``: None for interleaved samples, else stored runs'
+    (:func:`mrcnn_bench.gates.stats.compare_stored`)."""
     n = min(len(ta), len(tb))
     enough = n >= stats.MIN_SAMPLES
     line: dict[str, Any] = {
@@ -237,19 +241,18 @@ def checkout(spec: str) -> Iterator[str]:
     path = Path(spec)
     if path.is_dir():
         if not (path / "mrcnn").is_dir():
-            raise ValueError(f"{spec}: directory without an mrcnn/ package")
+            raise UsageError(f"{spec}: directory without an mrcnn/ package")
         yield str(path.resolve())
         return
-    sha = store.git("rev-parse", "--verify", f"{spec}^{{commit}}")
+    sha = vcs.commit_of(store.REPO, spec)
     if sha is None:
-        raise ValueError(f"{spec!r} is neither a run file, a checkout directory nor a git ref of {store.REPO}")
+        raise UsageError(f"{spec!r} is neither a run file, a checkout directory nor a git ref of {store.REPO}")
     with tempfile.TemporaryDirectory(prefix=f"mrcnn-ab-{sha[:8]}-") as tmp:
-        subprocess.run(["git", "worktree", "add", "--detach", tmp, sha], cwd=store.REPO, check=True,
-                       capture_output=True)
+        vcs.run(store.REPO, "worktree", "add", "--detach", tmp, sha)
         try:
             yield tmp
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", tmp], cwd=store.REPO, capture_output=True)
+            vcs.run(store.REPO, "worktree", "remove", "--force", tmp, check=False)
 
 
 def run_live(opts: CompareOptions) -> tuple[list[Record], list[Record], RunDocument]:
@@ -284,7 +287,7 @@ def compare(opts: CompareOptions) -> int:
     table = compare_records(recs_a, recs_b, opts.threshold, relative=doc is None, alpha=opts.alpha,
                             between_run_sd=opts.between_run_sd)
     if table.empty:
-        raise ValueError("no case ran in both A and B")
+        raise UsageError("no case ran in both A and B")
     print(table.to_markdown(index=False, floatfmt=".4g"))
     flagged = table[table["regression"]]
     for _, line in flagged.iterrows():
@@ -298,5 +301,5 @@ def compare(opts: CompareOptions) -> int:
     if opts.out:
         out = {"a": opts.a, "b": opts.b, "comparison": json.loads(table.to_json(orient="records")),
                "run": doc.to_dict() if doc is not None else None}
-        Path(opts.out).write_text(json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
+        atomic_write(opts.out, json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
     return 1 if len(flagged) else 2 if len(untested) else 0

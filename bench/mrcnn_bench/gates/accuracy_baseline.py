@@ -15,7 +15,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,8 @@ import torch
 import torchvision
 
 from mrcnn.recipes import get_recipe
-from mrcnn_bench import defaults
+from mrcnn_bench.base import defaults, vcs
+from mrcnn_bench.base.errors import UsageError
 
 GATED_METRICS: tuple[str, ...] = ("bbox/AP", "segm/AP")
 DEFAULT_K_STD = 3.0
@@ -41,7 +41,7 @@ OLD_RESULTS_ENV = "MRCNN_RESULTS_DIR"
 _SETTINGS_NOT_TRAINED = frozenset({"description", "target_box_ap"})
 
 
-class BaselineError(ValueError):
+class BaselineError(UsageError):
     """The baseline file is missing or malformed; the message names the file and what is wrong."""
 
 
@@ -162,7 +162,7 @@ def compare_to_baseline(metrics: dict[str, float], baseline: dict[str, MetricBas
 def tolerance_from_spread(values: Sequence[float], k: float = DEFAULT_K_STD, floor: float = DEFAULT_FLOOR) -> float:
     """``max(k * sample standard deviation, floor)``; needs at least two values."""
     if len(values) < 2:
-        raise ValueError(f"the tolerance needs the metric from at least 2 seeds, got {len(values)}")
+        raise UsageError(f"the tolerance needs the metric from at least 2 seeds, got {len(values)}")
     return max(k * statistics.stdev(values), floor)
 
 
@@ -171,9 +171,12 @@ def final_metrics(run_dir: str | Path) -> dict[str, float]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"no metrics.jsonl in {run_dir}")
-    evaluated = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if "bbox/AP" in r]
+    try:
+        evaluated = [r for r in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if "bbox/AP" in r]
+    except ValueError as e:  # a damaged file, or not one mrcnn train wrote
+        raise UsageError(f"{path}: a line is not JSON ({e})") from None
     if not evaluated:
-        raise ValueError(f"{path} has no evaluation (no bbox/AP record)")
+        raise UsageError(f"{path} has no evaluation (no bbox/AP record)")
     last = evaluated[-1]
     return {k: v for k, v in last.items() if k.startswith(("bbox/", "segm/"))} | {"step": last["step"]}
 
@@ -215,10 +218,7 @@ def baseline_from_runs(
 
 def environment() -> dict[str, Any]:
     """Versions, threads, machine and the commit of the working directory's repository."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = None
+    commit = vcs.output(Path.cwd(), "rev-parse", "HEAD")
     return {
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,

@@ -2,7 +2,7 @@
 
 :func:`check_accuracy` evaluates a checkpoint, or trains the recipe (:mod:`mrcnn.recipes`) with a
 fixed seed in one CPU process, on the recipe's evaluation split, and compares COCO ``bbox/AP`` and
-``segm/AP`` with the baseline (:mod:`mrcnn_bench.accuracy_baseline`). The harness's ``gate``
+``segm/AP`` with the baseline (:mod:`mrcnn_bench.gates.accuracy_baseline`). The harness's ``gate``
 command calls it; ``mrcnn-bench accuracy-gate`` is its command line.
 
 Exit status: 0 passed; 1 a metric is below its baseline (a line per gated metric naming its
@@ -37,12 +37,13 @@ from mrcnn.exits import guarded
 from mrcnn.model import MaskRCNN
 from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import get_recipe
-from mrcnn_bench import timing
-from mrcnn_bench.accuracy_baseline import (
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
     DEFAULT_SEEDS,
-    BaselineError,
     baseline_from_runs,
     compare_to_baseline,
     default_baseline_path,
@@ -50,7 +51,7 @@ from mrcnn_bench.accuracy_baseline import (
     load_baseline,
     metric_passed,
 )
-from mrcnn_bench.faults import FAULTS, check_fault, inject_fault
+from mrcnn_bench.gates.faults import FAULTS, check_fault, inject_fault
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,7 @@ class AccuracyOptions:
     recipe: str = "ci"
     checkpoint: str | Path | None = None  # evaluate this (a file, or a folder: its latest) instead of training
     baseline: str | Path | None = None
-    fault: str | None = None  # train under this fault (mrcnn_bench.faults); not with a checkpoint
+    fault: str | None = None  # train under this fault (mrcnn_bench.gates.faults); not with a checkpoint
     seed: int = 0  # training seed
     out_dir: str | Path | None = None  # training output (default: a temporary folder)
     data_base: str | Path = "data"  # the recipe's data set is generated under this folder
@@ -95,7 +96,7 @@ def evaluate_checkpoint(checkpoint: str | Path, recipe_name: str, data_base: str
         raise FileNotFoundError(f"checkpoint not found: {path}")
     state = load_checkpoint(path)
     if state.get("impl", "static") != "static":
-        raise ValueError(
+        raise UsageError(
             f"checkpoint {path} is of the {state['impl']!r} implementation; the gate checks the static model"
         )
     cfg = recipe.config()
@@ -103,7 +104,7 @@ def evaluate_checkpoint(checkpoint: str | Path, recipe_name: str, data_base: str
     try:
         model.load_state_dict(state.get("model", state), strict=True)
     except RuntimeError as e:
-        raise ValueError(f"checkpoint {path} does not fit recipe {recipe_name!r}'s model: {e}") from None
+        raise UsageError(f"checkpoint {path} does not fit recipe {recipe_name!r}'s model: {e}") from None
     root = recipe.prepare_data(data_base)
     val = CocoDataset.from_config(root, recipe.train.val_split, cfg)
     return evaluate(model, val, cfg, recipe.train.batch_size, torch.device("cpu"))
@@ -139,7 +140,7 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
     wall = timing.Stopwatch()
     if opts.checkpoint is not None:
         if opts.fault is not None:
-            raise ValueError("a fault changes training; it cannot apply to an existing checkpoint")
+            raise UsageError("a fault changes training; it cannot apply to an existing checkpoint")
         metrics = evaluate_checkpoint(opts.checkpoint, opts.recipe, opts.data_base)
         source = f"checkpoint {opts.checkpoint}"
     else:
@@ -215,7 +216,7 @@ def _run_seed(path: Path) -> int:
     tail = path.name.rsplit("-s", 1)
     if len(tail) == 2 and tail[1].isdigit():
         return int(tail[1])
-    raise ValueError(f"run folder {path} must be named <anything>-s<seed> (e.g. out/ci-s0) for --from-runs")
+    raise UsageError(f"run folder {path} must be named <anything>-s<seed> (e.g. out/ci-s0) for --from-runs")
 
 
 def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
@@ -235,7 +236,7 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
     baseline_path.parent.mkdir(parents=True, exist_ok=True)
-    baseline_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    atomic_write(baseline_path, json.dumps(doc, indent=2) + "\n")
     for name, m in doc["metrics"].items():
         print(
             f"{name}: mean {m['mean']:.4f}, std {m['std']:.4f}, tolerance {m['tolerance']:.4f}, "
@@ -263,13 +264,13 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         result = check_accuracy(opts)
-    except (BaselineError, FileNotFoundError, ValueError) as e:
+    except (UsageError, FileNotFoundError) as e:  # BaselineError is one
         print(f"accuracy gate: error: {e}", file=sys.stderr)
         return 2
     print(result.report())
     print(f"  wall time {result.wall_time:.0f} s")
     if args.json:
-        args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n", encoding="utf-8")
+        atomic_write(args.json, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     return 0 if result.passed else 1
 
 

@@ -1,4 +1,6 @@
-"""The gate's compile measurement of one case: ``python -m mrcnn_bench.compile_probe CASE PRESET OUT.json [FAULT]``.
+"""The gate's compile measurement of one case.
+
+``python -m mrcnn_bench.gates.compile_probe CASE PRESET OUT.json [FAULT]``:
 
 :func:`measure_case` calls the case once per size of :data:`GATE_SIZES` (a training case: one step
 per ground-truth mix of :data:`GATE_TRAIN_COUNTS`) and reads its compile counters after each call.
@@ -15,7 +17,6 @@ import math
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,12 +25,13 @@ import mrcnn.transform
 from mrcnn.config import Config, get_config
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import synthetic_weights, textured_images
-from mrcnn_bench import defaults, timing
-from mrcnn_bench.backends import dynamo_reasons
-from mrcnn_bench.cases import CASES, TRAIN_BATCH, Row, Workload
-from mrcnn_bench.context import Context, Sample, initial_weights, training_samples
-from mrcnn_bench.pipelines import Pipeline
-from mrcnn_bench.probes import case_flops
+from mrcnn_bench.base import defaults, timing
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running.backends import dynamo_reasons
+from mrcnn_bench.running.cases import CASES, TRAIN_BATCH, Row, Workload
+from mrcnn_bench.running.context import Context, Sample, initial_weights, training_samples
+from mrcnn_bench.running.pipelines import Pipeline
+from mrcnn_bench.running.probes import case_flops
 
 # Five landscape sizes that share the tiny preset's (320, 448) canvas, then two portrait ones (448, 320).
 # Their aspect ratios differ, so resized they are 320 x 369..426: padded tightly (as torchvision pads)
@@ -161,12 +163,13 @@ def jsonable(x: Any) -> Any:
 
 def main(argv: list[str]) -> int:
     if len(argv) not in (3, 4):
-        print(f"usage: python -m mrcnn_bench.compile_probe CASE PRESET OUT.json [{'|'.join(defaults.INJECTIONS)}]",
+        print("usage: python -m mrcnn_bench.gates.compile_probe CASE PRESET OUT.json "
+              f"[{'|'.join(defaults.INJECTIONS)}]",
               file=sys.stderr)
         return 2
     case_name, preset, out = argv[:3]
     result = measure_case(case_name, preset, argv[3] if len(argv) == 4 else None)
-    Path(out).write_text(json.dumps(result, default=jsonable))
+    atomic_write(out, json.dumps(result, default=jsonable))
     return 0
 
 

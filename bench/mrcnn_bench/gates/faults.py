@@ -24,6 +24,7 @@ from unittest import mock
 import torch
 
 import mrcnn.roi_heads
+from mrcnn_bench.base.errors import UsageError
 
 MASK_SHIFT_PIXELS = 3
 RPN_BOX_WEIGHTS = (1.0, 1.0, 1.0, 1.0)  # torchvision's RegionProposalNetwork box coder weights
@@ -59,7 +60,7 @@ FAULTS: dict[str, tuple[str, Callable[[Fn], Fn]]] = {
 def check_fault(name: str | None) -> None:
     """ValueError unless ``name`` is None or one of :data:`FAULTS`."""
     if name is not None and name not in FAULTS:
-        raise ValueError(f"unknown fault {name!r}; choose one of {sorted(FAULTS)}")
+        raise UsageError(f"unknown fault {name!r}; choose one of {sorted(FAULTS)}")
 
 
 @contextlib.contextmanager

@@ -3,8 +3,8 @@
 Checks, each against a baseline in ``baselines/``:
 
 1. **Compile counts, exactly.** Each gate case (default: static/inductor and static/xla on the
-   tiny preset) runs over :data:`~mrcnn_bench.compile_probe.GATE_SIZES`, images of seven sizes in
-   two canvas buckets, in a fresh subprocess (``python -m mrcnn_bench.compile_probe``). Dynamo's
+   tiny preset) runs over :data:`~mrcnn_bench.gates.compile_probe.GATE_SIZES`, images of seven sizes in
+   two canvas buckets, in a fresh subprocess (``python -m mrcnn_bench.gates.compile_probe``). Dynamo's
    unique graphs, graph breaks and recompiles, XLA's UncachedCompile and fallback ops, and the
    FLOPs of one eager call must equal the baseline (``baselines/gate_<preset>.json``):
    a rise fails, and so does a fall, so that the baseline ratchets down (re-baseline with
@@ -12,10 +12,10 @@ Checks, each against a baseline in ``baselines/``:
    change, and why: the guards that failed and the graph-break reasons that dynamo recorded (with
    their frames), and, for XLA, each compilation's cause and the Python frames that triggered it
    (torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` report), with the input shape of the call it happened in.
-2. **Accuracy.** :func:`mrcnn_bench.accuracy_gate.check_accuracy` with the CI-sized recipe: box and mask AP
+2. **Accuracy.** :func:`mrcnn_bench.gates.accuracy_gate.check_accuracy` with the CI-sized recipe: box and mask AP
    must stay above the stored baseline minus its tolerance (``baselines/accuracy/ci.json``).
 3. **Latency (optional, ``--latency-against REF``).** The working tree against ``REF``
-   interleaved (:mod:`mrcnn_bench.ab`), failing on a flagged regression. CI does not run it:
+   interleaved (:mod:`mrcnn_bench.gates.ab`), failing on a flagged regression. CI does not run it:
    absolute times on a shared machine are not a gate, and a pair of installs takes minutes.
 
 ``--write-baseline`` records the current compile counts as the new baseline (commit the file with
@@ -41,12 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn.recipes import get_recipe
-from mrcnn_bench import ab, defaults
-from mrcnn_bench.accuracy_baseline import default_baseline_path, load_baseline
-from mrcnn_bench.cases import Case, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, MEASURE_THREADS, jsonable, xla_compile_causes
-from mrcnn_bench.runner import RunOptions
-from mrcnn_bench.store import REPO, environment, git
+from mrcnn_bench.base import defaults, vcs
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates import ab
+from mrcnn_bench.gates.accuracy_baseline import default_baseline_path, load_baseline
+from mrcnn_bench.gates.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, MEASURE_THREADS, jsonable, xla_compile_causes
+from mrcnn_bench.running.cases import Case, default_time_limit, default_workload, parse_cases
+from mrcnn_bench.running.runner import RunOptions
+from mrcnn_bench.running.store import REPO, environment
 
 GATED = ("unique_graphs", "graph_breaks", "recompiles", "uncached_compile", "fallback_ops", "flops")
 LATENCY_PRESET = "tiny"  # the latency check runs compare's defaults (the gate's --preset is the compile check's)
@@ -116,9 +119,9 @@ def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
     first, then the recipe and the baselines, then the cases that cannot run here.
     """
     if opts.skip_compile and opts.accuracy == "none" and not opts.latency_against:
-        raise ValueError("nothing to check: --skip-compile with --accuracy none and no --latency-against")
+        raise UsageError("nothing to check: --skip-compile with --accuracy none and no --latency-against")
     if opts.skip_compile and opts.write_baseline:
-        raise ValueError("--write-baseline writes compile counts; it cannot go with --skip-compile")
+        raise UsageError("--write-baseline writes compile counts; it cannot go with --skip-compile")
     problems: list[str] = []
     accuracy = opts.accuracy != "none" and not opts.write_baseline
     if accuracy and opts.checkpoint is not None and not Path(opts.checkpoint).exists():
@@ -127,21 +130,21 @@ def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
         problems.append(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
     if accuracy:
         try:
-            get_recipe(opts.accuracy)  # ValueError for an unknown recipe
-            load_baseline(default_baseline_path(opts.accuracy), opts.accuracy)  # BaselineError is a ValueError
-        except ValueError as e:
+            get_recipe(opts.accuracy)  # TrainSetupError (a UsageError) for an unknown recipe
+            load_baseline(default_baseline_path(opts.accuracy), opts.accuracy)  # BaselineError is a UsageError
+        except UsageError as e:
             problems.append(str(e))
     cases: list[Case] = []
     base: dict[str, Any] = {}
     if not opts.skip_compile:
         try:
             cases, base = compile_inputs(opts)
-        except ValueError as e:
+        except UsageError as e:
             problems.append(str(e))
     if len(problems) > 1:
-        raise ValueError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+        raise UsageError(f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     if problems:
-        raise ValueError(problems[0])
+        raise UsageError(problems[0])
     return cases, base
 
 
@@ -150,7 +153,7 @@ def compile_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
     path = compile_baseline_path(opts)
     if opts.write_baseline:
         if opts.inject:
-            raise ValueError("--inject with --write-baseline would record the fault as the baseline")
+            raise UsageError("--inject with --write-baseline would record the fault as the baseline")
         check_clean_tree(opts)
         base: dict[str, Any] = {}
         cases = opts.cases or parse_cases(",".join(defaults.GATE_CASES))
@@ -159,44 +162,44 @@ def compile_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
         cases = opts.cases or parse_cases(",".join(base))
         absent = [c.name for c in cases if c.name not in base]
         if absent:
-            raise ValueError(f"{', '.join(absent)}: not in the baseline {path}; add with `{rebaseline_command(opts)}`")
+            raise UsageError(f"{', '.join(absent)}: not in the baseline {path}; add with `{rebaseline_command(opts)}`")
         for name in sorted(set(base) - {c.name for c in cases}):
             print(f"gate: {name} of the baseline is not among --cases: not checked", file=sys.stderr)
     unmeasurable = [f"{c.name} ({c.skip_reason()})" for c in cases if c.skip_reason()]
     if unmeasurable:
-        raise ValueError(f"cannot measure {'; '.join(unmeasurable)}: the gate cannot decide without it")
+        raise UsageError(f"cannot measure {'; '.join(unmeasurable)}: the gate cannot decide without it")
     return cases, base
 
 
 def load_compile_baseline(path: Path, preset: str) -> dict[str, Any]:
     """The ``cases`` of a compile baseline file measured on ``preset``; ValueError when it is not one."""
     if not path.is_file():
-        raise ValueError(f"no compile baseline at {path}; create it with `{REBASELINE}`")
+        raise UsageError(f"no compile baseline at {path}; create it with `{REBASELINE}`")
     try:
         doc = json.loads(path.read_text())
         cases = doc["cases"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: not a gate baseline ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{path}: not a gate baseline ({type(e).__name__}: {e})") from None
     if not isinstance(cases, dict) or not cases:
-        raise ValueError(f"{path}: not a gate baseline (no cases)")
+        raise UsageError(f"{path}: not a gate baseline (no cases)")
     if doc.get("preset", preset) != preset:
-        raise ValueError(f"{path} holds preset {doc['preset']!r}, not {preset!r}: the counts are not comparable")
+        raise UsageError(f"{path} holds preset {doc['preset']!r}, not {preset!r}: the counts are not comparable")
     for name, entry in cases.items():
         # Checked before anything is measured: a NaN count compares false both ways and would pass.
         if not isinstance(entry, dict) or not any(m in entry for m in GATED):
-            raise ValueError(f"{path}: case {name!r} holds no gated metric ({', '.join(GATED)})")
+            raise UsageError(f"{path}: case {name!r} holds no gated metric ({', '.join(GATED)})")
         for metric in GATED:
             v = entry.get(metric)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
                                   or v < 0):
-                raise ValueError(f"{path}: case {name!r}: {metric} must be a finite count >= 0, got {v!r}")
+                raise UsageError(f"{path}: case {name!r}: {metric} must be a finite count >= 0, got {v!r}")
     return cases
 
 
 def dirty_files(repo: Path = REPO) -> list[str] | None:
     """Files changed since HEAD or untracked, outside ``baselines/``; None when git cannot tell."""
-    changed = git("--no-optional-locks", "diff", "--name-only", "HEAD", cwd=repo)
-    untracked = git("--no-optional-locks", "ls-files", "--others", "--exclude-standard", cwd=repo)
+    changed = vcs.output(repo, "--no-optional-locks", "diff", "--name-only", "HEAD")
+    untracked = vcs.output(repo, "--no-optional-locks", "ls-files", "--others", "--exclude-standard")
     if changed is None or untracked is None:
         return None
     files = sorted(set(changed.splitlines()) | set(untracked.splitlines()))
@@ -213,17 +216,17 @@ def check_clean_tree(opts: GateOptions) -> None:
         return
     dirty = dirty_files()
     if dirty is None:
-        raise ValueError(f"--write-baseline needs a git checkout, and {REPO} is not one (or git is missing)")
+        raise UsageError(f"--write-baseline needs a git checkout, and {REPO} is not one (or git is missing)")
     if dirty:
         shown = ", ".join(dirty[:10]) + (f" and {len(dirty) - 10} more" if len(dirty) > 10 else "")
-        raise ValueError(
+        raise UsageError(
             f"--write-baseline needs a tree clean outside {defaults.BASELINES_DIR}/; commit or revert: {shown}"
         )
 
 
 def is_code(spec: str) -> bool:
     """A checkout directory or a git ref of this repository (what ``compare`` runs live)."""
-    return Path(spec).is_dir() or git("rev-parse", "--verify", "--quiet", f"{spec}^{{commit}}") is not None
+    return Path(spec).is_dir() or vcs.commit_of(REPO, spec) is not None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +234,7 @@ def is_code(spec: str) -> bool:
 
 
 def measure(case_name: str, preset: str, inject: str | None, workdir: Path) -> dict[str, Any]:
-    """:func:`~mrcnn_bench.compile_probe.measure_case` in a fresh subprocess; XLA cases with PT_XLA_DEBUG_LEVEL=2.
+    """:func:`~mrcnn_bench.gates.compile_probe.measure_case` in a fresh subprocess; XLA cases with PT_XLA_DEBUG_LEVEL=2.
 
     Raises :class:`MeasureError` when the subprocess fails, after printing the end of its log.
     """
@@ -240,7 +243,7 @@ def measure(case_name: str, preset: str, inject: str | None, workdir: Path) -> d
     env.setdefault("PJRT_DEVICE", "CPU")
     if "xla" in case_name:
         env["PT_XLA_DEBUG_LEVEL"] = "2"
-    cmd = [sys.executable, "-m", "mrcnn_bench.compile_probe", case_name, preset, str(out_file)]
+    cmd = [sys.executable, "-m", "mrcnn_bench.gates.compile_probe", case_name, preset, str(out_file)]
     cmd += [inject] if inject else []
     with open(log_file, "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -350,7 +353,7 @@ def check_compiles(opts: GateOptions, cases: list[Case], base: dict[str, Any], r
         doc = {"preset": opts.preset, "sizes": GATE_SIZES, "cases": measured,
                "environment": environment(MEASURE_THREADS, 0)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1) + "\n")
+        atomic_write(path, json.dumps(doc, indent=1) + "\n")
         print(f"gate: wrote baseline {path}", file=sys.stderr)
         return verdict
     for name, now in measured.items():
@@ -363,7 +366,7 @@ def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
     """The accuracy gate (train the recipe or evaluate the checkpoint): failure messages."""
     # Imported here: it pulls in the training stack, seconds of start-up that the compile and
     # latency checks do not need.
-    from mrcnn_bench import accuracy_gate
+    from mrcnn_bench.gates import accuracy_gate
 
     options = accuracy_gate.AccuracyOptions(recipe=opts.accuracy, checkpoint=opts.checkpoint,
                                             out_dir=opts.accuracy_out, progress=opts.progress)
@@ -412,7 +415,7 @@ def run_gate(opts: GateOptions) -> int:
     report["failures"], report["undecided"] = verdict.failures, verdict.undecided
     if opts.out:
         Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.out).write_text(json.dumps(report, indent=1, default=jsonable) + "\n")
+        atomic_write(opts.out, json.dumps(report, indent=1, default=jsonable) + "\n")
     return print_verdict(verdict, [k for k in ("compile", "accuracy", "latency") if k in report])
 
 

@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
-from mrcnn_bench.records import Record, as_number
-from mrcnn_bench.row_stats import interval_text, median, paired_ratio, parity_ok, useful_ceiling_seconds
+from mrcnn_bench.gates.row_stats import interval_text, median, paired_ratio, parity_ok, useful_ceiling_seconds
+from mrcnn_bench.running.cases import REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.running.records import Record, as_number
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def decision(ratio: float, goal: float, interval: tuple[float, float] | None) ->
 
 def ceiling_needed(rec: Record, goal: Goal, base: Record | None, ref: Record | None) -> float:
     """The fraction of the machine's ceiling the row would run at, on the reference ``ref``'s FLOPs
-    (:func:`~mrcnn_bench.row_stats.useful_fraction`) if it took exactly the goal's time: ``factor``
+    (:func:`~mrcnn_bench.gates.row_stats.useful_fraction`) if it took exactly the goal's time: ``factor``
     times ``base``'s median. Above about 0.9 no schedule of those FLOPs reaches the goal on this
     machine; NaN where the row has no ceiling fraction."""
     goal_s = goal.factor * (median(base) if base is not None else math.nan)

@@ -1,16 +1,16 @@
 """Statistics of one row of a run: its median, its per-round ratio to another row, its parity, its
 speed on the reference's work as a fraction of the machine's ceiling.
 
-Shared by the table (:mod:`mrcnn_bench.report`) and the goals' verdicts (:mod:`mrcnn_bench.goals`).
+Shared by the table (:mod:`mrcnn_bench.reports.report`) and the goals' verdicts (:mod:`mrcnn_bench.gates.goals`).
 """
 
 from __future__ import annotations
 
 import math
 
-from mrcnn_bench.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED
-from mrcnn_bench.records import Record, as_number
-from mrcnn_bench.stats import MIN_SAMPLES, paired_ratio_ci
+from mrcnn_bench.gates.stats import MIN_SAMPLES, paired_ratio_ci
+from mrcnn_bench.running.cases import PARITY_MIN_MASK_IOU, PARITY_MIN_MATCHED
+from mrcnn_bench.running.records import Record, as_number
 
 
 def median(rec: Record) -> float:

@@ -8,7 +8,7 @@ stored runs passes each row's per-round ratio to its run's reference row instead
 users mean, "B is slower by more than ``threshold``": a one-sided Wilcoxon signed-rank test
 (alternative *greater*) on ``log r[i] - log(1 + threshold)``. B is flagged when ``p < alpha``;
 across the cases of one comparison the p-values are first Holm-corrected (:func:`holm`), which
-``mrcnn_bench.ab`` does. The estimate is the median of ``r``, reported with its 95% bootstrap
+``mrcnn_bench.gates.ab`` does. The estimate is the median of ``r``, reported with its 95% bootstrap
 interval (rounds resampled) and the number of rounds ``n``. A row with fewer than
 :data:`MIN_SAMPLES` samples gets no estimate at all, and below 7 rounds the test cannot reach
 ``alpha = 0.01`` (:func:`min_p_value`), so no verdict either.
@@ -39,7 +39,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 from scipy import stats
 
-from mrcnn_bench import defaults
+from mrcnn_bench.base import defaults
+from mrcnn_bench.base.errors import UsageError
 
 RULES = ("paired", "unpaired", "stored")
 MIN_SAMPLES = 3  # fewer timed samples than this: no median, ratio or verdict is shown
@@ -118,23 +119,23 @@ def min_p_value(rule: str, rounds: int) -> float:
 def _check(name: str, values: Sequence[float]) -> np.ndarray:
     x = np.asarray(values, dtype=np.float64)
     if x.ndim != 1 or x.size == 0:
-        raise ValueError(f"{name}: expected a non-empty sequence of timings, got shape {list(x.shape)}")
+        raise UsageError(f"{name}: expected a non-empty sequence of timings, got shape {list(x.shape)}")
     if not np.all(np.isfinite(x)) or np.any(x <= 0):
-        raise ValueError(f"{name}: timings must be finite and positive, got min {x.min()!r}")
+        raise UsageError(f"{name}: timings must be finite and positive, got min {x.min()!r}")
     return x
 
 
 def _check_parameters(threshold: float, alpha: float) -> None:
     if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+        raise UsageError(f"alpha must be in (0, 1), got {alpha}")
     if not threshold >= 0.0:
-        raise ValueError(f"threshold must be >= 0, got {threshold}")
+        raise UsageError(f"threshold must be >= 0, got {threshold}")
 
 
 def _check_pair(a: Sequence[float], b: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     xa, xb = _check("a", a), _check("b", b)
     if xa.size != xb.size:
-        raise ValueError(
+        raise UsageError(
             f"a and b must have one timing per round each (interleaved A B rounds), got {xa.size} and {xb.size}"
         )
     return xa, xb
@@ -198,7 +199,7 @@ def compare_latency(
     _check_parameters(threshold, alpha)
     xa, xb = _check_pair(a, b)
     if min_p_value(rule, xa.size) >= alpha:
-        raise ValueError(
+        raise UsageError(
             f"{xa.size} rounds are too few: the {rule} test cannot reach p < {alpha} "
             f"(smallest possible p is {min_p_value(rule, xa.size):.3g}); time more rounds"
         )
@@ -246,10 +247,10 @@ def compare_stored(
     """
     _check_parameters(threshold, alpha)
     if not between_run_sd >= 0.0:
-        raise ValueError(f"between_run_sd must be >= 0, got {between_run_sd}")
+        raise UsageError(f"between_run_sd must be >= 0, got {between_run_sd}")
     la, lb = np.log(_check("a", a)), np.log(_check("b", b))
     if min(la.size, lb.size) < 2:
-        raise ValueError(f"each run needs 2 or more rounds for its variance, got {la.size} and {lb.size}")
+        raise UsageError(f"each run needs 2 or more rounds for its variance, got {la.size} and {lb.size}")
     d = float(lb.mean() - la.mean())
     sd = math.sqrt(la.var(ddof=1) / la.size + lb.var(ddof=1) / lb.size + between_run_sd**2)
     shift = math.log1p(threshold)

@@ -1,11 +1,13 @@
 """A/A spread of the tracked figures: the same commit measured N times, as asv measures each commit.
 
-    PYTHONPATH=bench python bench/tools/history_spread.py [--runs 3] [--out results/asv/aa]
+    mrcnn-bench asv spread [--runs 3] [--out results/asv/aa]
 
-Each run is :func:`mrcnn_bench.history.measure_commit` on this checkout (the shared rounds with the
+Each run is :func:`mrcnn_bench.history.commit.measure_commit` on this checkout (the shared rounds with the
 compile probes, the training step, the fixed-checkpoint AP; its wall time as ``measurement wall_s``),
 written to ``OUT/run_K.json`` as soon as it ends; a run whose file exists is not measured again, so
-the study resumes where it stopped.
+the study resumes where it stopped. Each run also records its plan (how it was measured, on which
+CPU); a folder holding runs of another plan (another method, process plan or host kind, or runs from
+before plans were recorded) is refused, so that a study never pools two kinds of runs.
 Then ``OUT/spread.csv`` and ``OUT/spread.md`` give, per figure, the values of every run and their
 spread ``(max - min) / median``: the ratios to the ruler next to the raw seconds they cancel.
 Run it on an otherwise idle machine, never beside another measurement.
@@ -15,15 +17,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from mrcnn.progress import progress
-from mrcnn_bench import timing
-from mrcnn_bench.history import COMPILED_FROM, COUNTERS, SHARED_PROCESSES, measure_commit
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.history.asv_machine import cpu_label
+from mrcnn_bench.history.commit import COMPILED_FROM, COUNTERS, SHARED_PROCESSES, measure_commit
+
+METHOD = "shared-rounds"  # how measure_commit times a commit; a run of another method is another study
 
 # Per-case figures of the timing record: (column, record key).
 FIGURES = (
@@ -89,8 +97,28 @@ def summarise(out: Path) -> pd.DataFrame:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def this_plan(processes: int, compiled_from: int) -> dict[str, object]:
+    """What a run of this study is: the method, its process plan, and the host kind it runs on."""
+    return {"method": METHOD, "processes": processes, "compiled_from": compiled_from, "cpu": cpu_label(),
+            "cores": os.cpu_count()}
+
+
+def other_plans(out: Path, plan: dict[str, object]) -> list[str]:
+    """The run files in ``out`` whose plan is not ``plan`` (runs without one predate plans)."""
+    found = []
+    for path in sorted(out.glob("run_*.json")):
+        try:
+            theirs = json.loads(path.read_text()).get("plan")
+        except (OSError, ValueError, AttributeError):
+            theirs = "unreadable"
+        if theirs != plan:
+            found.append(f"{path.name}: {theirs or 'no plan recorded'}")
+    return found
+
+
+def build_parser(prog: str = "mrcnn-bench asv spread") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv spread``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
     parser.add_argument("--processes", type=int, default=SHARED_PROCESSES,
@@ -98,14 +126,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compiled-from", type=int, default=COMPILED_FROM,
                         help="the first shared process that times inductor; 0 is the one that ran its compile "
                              f"probe (default: the suite's, {COMPILED_FROM})")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv spread") -> int:
+    args = build_parser(prog).parse_args(argv)
+    plan = this_plan(args.processes, args.compiled_from)
+    others = other_plans(args.out, plan)
+    if others:
+        print(f"{prog}: {args.out} holds runs of another plan ({', '.join(others)}; this one: {plan}): "
+              "give a new --out", file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for k in progress(range(1, args.runs + 1), desc="A/A runs", unit="run"):
         path = args.out / f"run_{k}.json"
         if not path.exists():
             with timing.Stopwatch() as wall:
                 record = measure_commit(processes=args.processes, compiled_from=args.compiled_from).to_dict()
-            path.write_text(json.dumps({**record, "wall_s": wall.seconds}, indent=1))
+            atomic_write(path, json.dumps({**record, "wall_s": wall.seconds, "plan": plan}, indent=1))
     print(summarise(args.out).to_string())
     return 0
 

@@ -1,7 +1,7 @@
 """The asv machine name for this host and its accuracy fixture: ``<cpu>-<N>c-fx<sha8>``.
 
-    PYTHONPATH=bench python -m mrcnn_bench.asv_machine              # prints e.g. amd-epyc-f25m17-2c-fx021d390f
-    PYTHONPATH=bench python -m mrcnn_bench.asv_machine --register   # and records it for asv run --machine
+    mrcnn-bench asv machine              # prints e.g. amd-epyc-f25m17-2c-fx021d390f
+    mrcnn-bench asv machine --register   # and records it for asv run --machine
 
 asv keeps one series per machine name and judges a commit only against the commits before it in
 that series. Two things outside any commit move the tracked figures: the host (the ratios to the
@@ -32,8 +32,10 @@ import re
 import sys
 from pathlib import Path
 
-from mrcnn_bench.fixed_accuracy import Fixture
-from mrcnn_bench.store import cpu_model, cpuinfo_fields
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.history.fixed_accuracy import Fixture
+from mrcnn_bench.running.store import cpu_model, cpuinfo_fields
 
 
 def slug(text: str) -> str:
@@ -98,7 +100,7 @@ def align_results(results: Path, fields: dict[str, str]) -> int:
         try:
             record = json.loads(path.read_text())
         except ValueError as e:
-            raise ValueError(f"{path} is not asv's JSON: {e}") from None
+            raise UsageError(f"{path} is not asv's JSON: {e}") from None
         if path.name == "machine.json":
             target = record
         elif isinstance(record.get("params"), dict):
@@ -108,27 +110,32 @@ def align_results(results: Path, fields: dict[str, str]) -> int:
         if all(target.get(k) == v for k, v in fields.items()):
             continue
         target.update(fields)
-        path.write_text(json.dumps(record, indent=4 if path.name == "machine.json" else None))
+        atomic_write(path, json.dumps(record, indent=4 if path.name == "machine.json" else None))
         changed += 1
     return changed
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.asv_machine", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv machine") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv machine``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--register", action="store_true",
                         help="also record the machine for asv run --machine, and align its stored results' fields")
     parser.add_argument("--results", type=Path, default=Path("results/asv"),
                         help="asv's results_dir, for --register (default: results/asv)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv machine") -> int:
+    args = build_parser(prog).parse_args(argv)
     try:
         name = machine_name(Fixture.default())
         if args.register:
             changed = align_results(args.results, register(name))
             if changed:
-                print(f"mrcnn_bench.asv_machine: {changed} stored result(s) of {name} given its registered "
+                print(f"mrcnn_bench.history.asv_machine: {changed} stored result(s) of {name} given its registered "
                       "os and ram, so that they stay one series", file=sys.stderr)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"mrcnn_bench.asv_machine: {e}", file=sys.stderr)
+    except (FileNotFoundError, UsageError) as e:
+        print(f"mrcnn_bench.history.asv_machine: {e}", file=sys.stderr)
         return 2
     print(name)
     return 0

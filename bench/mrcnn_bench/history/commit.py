@@ -3,17 +3,17 @@
 :func:`measure_commit` runs, one after another and each in a fresh subprocess of the interpreter
 asv installed the commit into:
 
-- :data:`SHARED_PROCESSES` processes of ``python -m mrcnn_bench.shared_rounds``: the inference cases
-  of :data:`mrcnn_bench.cases.TRACKED` timed against one ruler in the same rounds, the eager ones
-  stage by stage; pooled across processes (:func:`mrcnn_bench.interleaved.pool`: the median of the
+- :data:`SHARED_PROCESSES` processes of ``python -m mrcnn_bench.history.shared_rounds``: the inference cases
+  of :data:`mrcnn_bench.running.cases.TRACKED` timed against one ruler in the same rounds, the eager ones
+  stage by stage; pooled across processes (:func:`mrcnn_bench.history.interleaved.pool`: the median of the
   processes' median ratios). The first process runs the compile probe of each compiled case before
   it builds anything (the backends' own counters, and the case's cold first call as its time to first
   result), and the memory and FLOP probes after its rounds. A compiled case with a compiler of its
   own (inductor) is timed in :data:`COMPILED_PROCESSES` processes only, from :data:`COMPILED_FROM`
   on: each process pays for loading its compiled graphs (results/asv/README.md, "Shared rounds");
 - each training case against the ruler's training step in one process (``python -m
-  mrcnn_bench.interleaved``), after the first shared process;
-- the fixed checkpoint's AP with the commit's inference (``python -m mrcnn_bench.fixed_accuracy``).
+  mrcnn_bench.history.interleaved``), after the first shared process;
+- the fixed checkpoint's AP with the commit's inference (``mrcnn-bench asv fixture``).
 
 The commit's processes share an inductor cache and a cache of the run's inputs (calibrated weights,
 images), both in a temporary folder made for this commit and removed after it: the first process
@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench import timing
-from mrcnn_bench.cases import CASES, TRACKED
-from mrcnn_bench.interleaved import CaseRecord, pool
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.history.interleaved import CaseRecord, pool
+from mrcnn_bench.running.cases import CASES, TRACKED
 
-_BENCH = str(Path(__file__).resolve().parents[1])  # so that subprocesses import this same harness
+_BENCH = str(Path(__file__).resolve().parents[2])  # so that subprocesses import this same harness
 PART_TIMEOUT_S = 900.0
 SHARED_PROCESSES = 4  # shared-rounds processes per commit
 COMPILED_PROCESSES = 2  # of them, those that also time the cases with a compiler (inductor)
@@ -130,7 +131,7 @@ def shared_plan(
     every one, those with one (inductor) in :data:`COMPILED_PROCESSES` processes from
     ``compiled_from`` on (fewer where the processes end first)."""
     if not 0 <= compiled_from < processes:
-        raise ValueError(f"compiled_from must be 0 to {processes - 1} with {processes} processes, got {compiled_from}")
+        raise UsageError(f"compiled_from must be 0 to {processes - 1} with {processes} processes, got {compiled_from}")
     own = range(compiled_from, min(processes, compiled_from + COMPILED_PROCESSES))
     return [[c for c in cases if p in own or CASES[c].compiler == "eager"] for p in range(processes)]
 
@@ -146,7 +147,8 @@ def measure_commit(
     process runs the compile probe of every compiled case, timed there or not, and a compiled case's
     time to first result is its probe's cold first call.
     """
-    from mrcnn_bench.context import CONTEXT_CACHE_ENV  # context loads torch: asv imports this module to list the suite
+    # context loads torch: asv imports this module to list the suite
+    from mrcnn_bench.running.context import CONTEXT_CACHE_ENV
 
     skipped = {c: Part(None, f"{c}: {r}", 0.0, skipped=True) for c in cases if (r := CASES[c].skip_reason())}
     inference = [c for c in cases if CASES[c].phase == "inference" and c not in skipped]
@@ -157,15 +159,15 @@ def measure_commit(
     if plan_cases and [c for c in plan_cases[0] if compiled(c)] != probed:
         first_probes += ["--probe-cases", ",".join(probed)]
     shared = [
-        ["mrcnn_bench.shared_rounds", "--cases", ",".join(names), "--budget-s", str(budget_s),
+        ["mrcnn_bench.history.shared_rounds", "--cases", ",".join(names), "--budget-s", str(budget_s),
          *(first_probes if p == 0 else [])]
         for p, names in enumerate(plan_cases)
     ]
     plan: list[tuple[str, list[str]]] = [("shared", a) for a in shared[:1]]
-    plan += [("training", ["mrcnn_bench.interleaved", c, "--budget-s", str(train_budget_s)]) for c in training]
+    plan += [("training", ["mrcnn_bench.history.interleaved", c, "--budget-s", str(train_budget_s)]) for c in training]
     plan += [("shared", a) for a in shared[1:]]
     if accuracy:
-        plan.append(("accuracy", ["mrcnn_bench.fixed_accuracy", "evaluate"]))
+        plan.append(("accuracy", ["mrcnn_bench.history.fixed_accuracy", "evaluate"]))
     timing: dict[str, list[Part]] = {}
     compiles: dict[str, Part] = {c: skipped[c] for c in skipped if compiled(c)}
     acc = Part(None, "accuracy not measured", 0.0, skipped=True)

@@ -1,6 +1,6 @@
 """Accuracy across commits without training at each: one fixed checkpoint, each commit's inference.
 
-The fixture is made once per machine (``make asv-fixture``, i.e. ``python -m mrcnn_bench.fixed_accuracy
+The fixture is made once per machine (``make asv-fixture``, i.e. ``mrcnn-bench asv fixture
 make``): torchvision's Mask R-CNN trained on the ``ci`` recipe by ``python -m mrcnn.train --impl
 torchvision``, its weights saved as ``model.pt``, beside the recipe's generated images and their
 COCO annotations. torchvision is pinned, so the file does not depend on the commit being measured;
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench import timing
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.files import atomic_write
 
 FIXTURE_ENV = "MRCNN_ASV_FIXTURE"
 DEFAULT_ROOT = Path(".asv/fixtures")
@@ -132,7 +133,7 @@ def make_fixture(fixture: Fixture, progress: bool = True) -> dict[str, Any]:
         "model_sha256": _sha256(fixture.model),
         "torch": torch.__version__,
     }
-    fixture.meta.write_text(json.dumps(meta, indent=1))
+    atomic_write(fixture.meta, json.dumps(meta, indent=1))
     return meta
 
 
@@ -182,8 +183,9 @@ def evaluate_fixture(fixture: Fixture, threads: int | None = None) -> AccuracyRe
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.fixed_accuracy", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv fixture") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv fixture``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     make = sub.add_parser("make", help="train the fixed checkpoint once (about 15-20 minutes on 2 cores)")
     # Spelled out rather than mrcnn.progress.add_progress_flag: asv imports this module beside older
@@ -196,15 +198,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument(
             "--root", type=Path, default=None, help=f"fixture folder (default ${FIXTURE_ENV} or {DEFAULT_ROOT})"
         )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "mrcnn-bench asv fixture") -> int:
+    args = build_parser(prog).parse_args(argv)
     fixture = Fixture(args.root.resolve()) if args.root else Fixture.default()
     try:
         if args.command == "make":
             print(json.dumps(make_fixture(fixture, progress=not args.no_progress), indent=1))
         else:
-            args.out.write_text(json.dumps(evaluate_fixture(fixture).to_dict(), indent=1))
+            atomic_write(args.out, json.dumps(evaluate_fixture(fixture).to_dict(), indent=1))
     except (FileNotFoundError, subprocess.CalledProcessError) as e:
-        print(f"mrcnn_bench.fixed_accuracy: {e}", file=sys.stderr)
+        print(f"mrcnn_bench.history.fixed_accuracy: {e}", file=sys.stderr)
         return 2
     return 0
 

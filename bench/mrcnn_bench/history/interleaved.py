@@ -1,6 +1,6 @@
 """One case timed against the ruler, round by round, in one process: what asv tracks across commits.
 
-``python -m mrcnn_bench.interleaved CASE OUT.json [--budget-s S | --rounds N]`` builds the case
+``python -m mrcnn_bench.history.interleaved CASE OUT.json [--budget-s S | --rounds N]`` builds the case
 (the first call, compilation included, is its time to first result), calls every distinct input
 once more with the ruler so that no compilation can fall in a timed round, then runs rounds of one
 ruler call and one case call, alternating which goes first: as many rounds as fit in ``S`` seconds
@@ -12,7 +12,7 @@ The record holds every timed round, the median of the per-round ratios (case / r
 medians, the peak memory of the case's own calls after warm-up, FLOPs per call and the load
 average around the rounds.
 
-Each case gets its own processes (:func:`mrcnn_bench.history.measure_commit` starts several per
+Each case gets its own processes (:func:`mrcnn_bench.history.commit.measure_commit` starts several per
 case and pools them with :func:`pool`), so no case's compiled code, caches or allocator state can
 change another's numbers, and no one process's level decides a commit's figure.
 """
@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench import timing
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
 
 # Why these: results/asv/README.md (A/A spread of the ratios over repeated runs of one commit).
 DEFAULT_BUDGET_S = 40.0  # per case and commit, shared by its processes
@@ -62,7 +64,7 @@ class CaseRecord:
     loadavg_after: float
     processes: int = 1  # how many processes the rounds come from (pool)
     ratio_per_process: list[float] = field(default_factory=list)  # each process's median ratio
-    # Eager cases timed with the ruler's stages (mrcnn_bench.shared_rounds): stage key -> seconds of
+    # Eager cases timed with the ruler's stages (mrcnn_bench.history.shared_rounds): stage key -> seconds of
     # that stage in each timed round, the case's and the ruler's (same rounds as case_s and ruler_s),
     # and the median over rounds of their ratio (pooled: the median of the processes' medians).
     stage_s: dict[str, list[float]] = field(default_factory=dict)
@@ -144,36 +146,90 @@ def rounds_for(round_s: float, budget_s: float, least: int = MIN_ROUNDS, most: i
     return max(least, min(most, math.ceil(budget_s / max(round_s, 1e-9))))
 
 
+def check_request(case_names: Sequence[str], rounds: int | None, phase: str | None = None) -> None:
+    """UsageError for fewer than 3 rounds, a case named twice or not at all, a case that does not
+    exist or is not of ``phase``; NotImplementedError for a case this machine cannot run."""
+    # Imported here: cases loads the user's case modules, and `--help` should not wait for them.
+    from mrcnn_bench.running.cases import CASES
+
+    if rounds is not None and rounds < 3:
+        raise UsageError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
+    if not case_names or len(set(case_names)) != len(case_names):
+        raise UsageError(f"name each case once, at least one: {list(case_names)}")
+    for name in case_names:
+        if name not in CASES:
+            raise UsageError(f"unknown case {name!r}; choose from {sorted(CASES)}")
+        if phase is not None and CASES[name].phase != phase:
+            raise UsageError(f"{name}: only {phase} cases share the ruler's rounds (time training with interleaved)")
+        reason = CASES[name].skip_reason()
+        if reason:
+            raise NotImplementedError(f"{name}: {reason}")
+
+
+def ruler_context(threads: int | None, training: bool) -> tuple[int, Any, Any]:
+    """(threads, workload, context) of a measurement against the ruler: the quick workload at the
+    ruler's image size, with the ruler's images, ``threads`` (default: every CPU this process may use)."""
+    # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
+    import torch
+
+    from mrcnn_bench.history.ruler import IMAGE_SIZE, ruler_images
+    from mrcnn_bench.running.cases import QUICK_WORKLOAD
+    from mrcnn_bench.running.context import ContextOptions, make_context
+
+    threads = threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    workload = dataclasses.replace(QUICK_WORKLOAD, image_size=IMAGE_SIZE)
+    ctx, _ = make_context(ContextOptions(workload, seed=0, threads=threads, need_training=training))
+    # The ruler's images, not the commit's generator: every commit times the same pixels.
+    ctx.images = ruler_images(workload.images)
+    return threads, workload, ctx
+
+
+def memory_and_flops(pipeline: Any, images: int, ctx: Any, flops: bool) -> tuple[float, float | None]:
+    """(peak memory in GB of the case's own calls over ``images`` inputs, FLOPs per call or None).
+
+    Run after the rounds, so that resetting the counters cannot perturb a timed call; the ruler is
+    not called here."""
+    # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
+    from mrcnn_bench.running import backends
+    from mrcnn_bench.running.probes import case_flops
+
+    dev = backends.device(pipeline.row.case.backend)
+    backends.memory_reset(dev)
+    for index in range(images):
+        pipeline.call(index)
+    return backends.memory_peak(dev), case_flops(pipeline.row, ctx) if flops else None
+
+
+def case_record(name: str, phase: str, threads: int, images_per_call: int, case_s: list[float],
+                ruler_s: list[float], first_s: float, peak: float, flops: float | None,
+                load: tuple[float, float], **stages: Any) -> CaseRecord:
+    """The record of one case timed against the ruler round by round (``case_s[i]`` beside ``ruler_s[i]``)."""
+    ratios = [c / r for c, r in zip(case_s, ruler_s, strict=True)]
+    q1, med, q3 = quartiles(ratios)
+    return CaseRecord(
+        case=name, phase=phase, rounds=len(case_s), threads=threads, images_per_call=images_per_call,
+        case_s=case_s, ruler_s=ruler_s, ratio_median=med, ratio_q1=q1, ratio_q3=q3,
+        seconds_median=statistics.median(case_s), ruler_seconds_median=statistics.median(ruler_s),
+        first_result_s=first_s, peak_memory_gb=peak, flops=flops, loadavg_before=load[0],
+        loadavg_after=load[1], ratio_per_process=[med], **stages,
+    )  # fmt: skip
+
+
 def measure(
     case_name: str, rounds: int | None = None, threads: int | None = None, budget_s: float = DEFAULT_BUDGET_S
 ) -> CaseRecord:
     """Build ``case_name`` on the quick workload, with the ruler's images, and time it against the
     ruler: ``rounds`` rounds, or as many as fit in ``budget_s`` (:func:`rounds_for`)."""
     # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
-    import torch
+    from mrcnn_bench.history.ruler import Ruler
+    from mrcnn_bench.running.cases import CASES, TRAIN_BATCH, Row
+    from mrcnn_bench.running.pipelines import Pipeline
 
-    from mrcnn_bench import backends
-    from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, TRAIN_BATCH, Row
-    from mrcnn_bench.context import ContextOptions, make_context
-    from mrcnn_bench.pipelines import Pipeline
-    from mrcnn_bench.probes import case_flops
-    from mrcnn_bench.ruler import IMAGE_SIZE, Ruler, ruler_images
-
-    if rounds is not None and rounds < 3:
-        raise ValueError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
-    if case_name not in CASES:
-        raise ValueError(f"unknown case {case_name!r}; choose from {sorted(CASES)}")
+    check_request([case_name], rounds)
     case = CASES[case_name]
-    reason = case.skip_reason()
-    if reason:
-        raise NotImplementedError(f"{case_name}: {reason}")
-    threads = threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(threads)
     training = case.phase == "training"
-    workload = dataclasses.replace(QUICK_WORKLOAD, image_size=IMAGE_SIZE)
-    ctx, _ = make_context(ContextOptions(workload, seed=0, threads=threads, need_training=training))
-    # The ruler's images, not the commit's generator: every commit times the same pixels.
-    ctx.images = ruler_images(workload.images)
+    threads, workload, ctx = ruler_context(threads, training)
     ruler = Ruler(case.phase)
     pipeline = Pipeline(Row(case), ctx)
     pipeline.setup()
@@ -184,43 +240,15 @@ def measure(
     rounds = rounds or rounds_for(statistics.median(warm), budget_s)
     load_before = os.getloadavg()[0]
     case_s, ruler_s = interleave(pipeline.call, ruler.call, rounds)
-    load_after = os.getloadavg()[0]
-
-    # Memory of the case's own calls: after the rounds, so that resetting the counters cannot
-    # perturb a timed call; the ruler is not called here.
-    dev = backends.device(case.backend)
-    backends.memory_reset(dev)
-    for index in range(workload.images):
-        pipeline.call(index)
-    peak = backends.memory_peak(dev)
-    flops = None if training else case_flops(Row(case), ctx)
-
-    ratios = [c / r for c, r in zip(case_s, ruler_s, strict=True)]
-    q1, med, q3 = quartiles(ratios)
-    return CaseRecord(
-        case=case_name,
-        phase=case.phase,
-        rounds=rounds,
-        threads=threads,
-        images_per_call=TRAIN_BATCH if training else workload.batch_size,
-        case_s=case_s,
-        ruler_s=ruler_s,
-        ratio_median=med,
-        ratio_q1=q1,
-        ratio_q3=q3,
-        seconds_median=statistics.median(case_s),
-        ruler_seconds_median=statistics.median(ruler_s),
-        first_result_s=first,
-        peak_memory_gb=peak,
-        flops=flops,
-        loadavg_before=load_before,
-        loadavg_after=load_after,
-        ratio_per_process=[med],
-    )
+    load = (load_before, os.getloadavg()[0])
+    peak, flops = memory_and_flops(pipeline, workload.images, ctx, flops=not training)
+    return case_record(case_name, case.phase, threads, TRAIN_BATCH if training else workload.batch_size, case_s,
+                       ruler_s, first, peak, flops, load)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.interleaved", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mrcnn_bench.history.interleaved", description=__doc__.split("\n")[0])
     parser.add_argument("case", help="a case name, e.g. static/eager")
     parser.add_argument("out", type=Path, help="the record is written here as JSON")
     how_many = parser.add_mutually_exclusive_group()
@@ -238,9 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         record = measure(args.case, args.rounds, args.threads, args.budget_s)
     except (ValueError, NotImplementedError) as e:
-        print(f"mrcnn_bench.interleaved: {e}", file=sys.stderr)
+        print(f"mrcnn_bench.history.interleaved: {e}", file=sys.stderr)
         return 2
-    args.out.write_text(json.dumps(record.to_dict(), indent=1))
+    atomic_write(args.out, json.dumps(record.to_dict(), indent=1))
     return 0
 
 

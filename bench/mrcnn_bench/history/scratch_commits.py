@@ -1,6 +1,6 @@
 """The commits of the deterministic asv ranges: what each one changes, as data.
 
-:mod:`mrcnn_bench.scratch_range` builds them with git plumbing (the module docstring there says
+:mod:`mrcnn_bench.history.scratch_range` builds them with git plumbing (the module docstring there says
 how); this module only says what they are:
 
 - the scratch range (``asv-scratch``, :data:`SCRATCH`): seven commits on 86c8714, three of them
@@ -56,7 +56,7 @@ class ScratchCommit:
     kind: str  # "noop", "slowdown", "recompile" or "accuracy"
     subject: str  # without the "scratch N/7 [kind]: " prefix
     changes: tuple[Change, ...]
-    stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.profile.STAGE_KEYS), where it is confined to one
+    stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.running.profile.STAGE_KEYS), where it is confined to one
     designed_pct: float = 0.0  # a slowdown's designed size: percent more time per static eager inference
 
 

@@ -1,13 +1,13 @@
 """Deterministic commit ranges for asv's regression detection: ``asv-scratch`` and ``asv-steps``.
 
-The commits themselves are data in :mod:`mrcnn_bench.scratch_commits`; this module builds them. The
+The commits themselves are data in :mod:`mrcnn_bench.history.scratch_commits`; this module builds them. The
 scratch range: seven commits on a fixed base (:data:`BASE`): four change nothing under ``mrcnn/``
 ("noop"), three inject one known regression each, as a source edit of the model at that commit:
 
 - ``slowdown``: inference runs the ResNet body again over the top fifth of the canvas (about 10%
-  slower, outputs bit for bit the same), as ``mrcnn_bench.slowdown.inject_slowdown`` does from outside;
+  slower, outputs bit for bit the same), as ``mrcnn_bench.running.slowdown.inject_slowdown`` does from outside;
 - ``recompile``: each batch is padded tightly to its own size rounded up to ``size_divisible`` rather
-  than to its canvas bucket, as ``mrcnn_bench.compile_probe._inject_recompile`` does (more compiled
+  than to its canvas bucket, as ``mrcnn_bench.gates.compile_probe._inject_recompile`` does (more compiled
   graphs, same outputs; the 240x320 timing workload keeps its 320x448 canvas);
 - ``accuracy``: detections decode box deltas with unit weights instead of ``cfg.bbox_reg_weights``
   (training's ``encode_boxes`` untouched).
@@ -17,14 +17,14 @@ The commits are built with git plumbing only (a temporary index, ``hash-object``
 tree, the index and HEAD are never touched, and ``refs/heads/asv-scratch`` is set with
 ``update-ref``. Each edit is an exact text replacement whose anchor must occur exactly once.
 
-    python bench/tools/asv_scratch.py [--repo PATH]           build the range, set the branch, print it
-    python bench/tools/asv_scratch.py [--repo PATH] --check   exit 1 unless the branch is the expected tip
-    python bench/tools/asv_scratch.py [--repo PATH] --list    the expected commits as JSON
-    python bench/tools/asv_scratch.py --range steps --measure-order   the order to measure them in
+    mrcnn-bench asv scratch [--repo PATH]           build the range, set the branch, print it
+    mrcnn-bench asv scratch [--repo PATH] --check   exit 1 unless the branch is the expected tip
+    mrcnn-bench asv scratch [--repo PATH] --list    the expected commits as JSON
+    mrcnn-bench asv scratch --range steps --measure-order   the order to measure them in
 
 ``--check`` and ``--list`` build the objects in a throwaway object directory: they write nothing
 to the repository. Exit status 2: the base commit is missing (shallow clone) or an edit's anchor
-does not match. The command line is ``bench/tools/asv_scratch.py``; :mod:`mrcnn_bench.asv_regressions`
+does not match. The command line is ``mrcnn-bench asv scratch``; :mod:`mrcnn_bench.changes.asv_regressions`
 names the range's commits from :func:`expected`.
 """
 
@@ -33,14 +33,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from mrcnn_bench.scratch_commits import (  # noqa: F401 (re-exported: the commits belong with the range's commands)
+from mrcnn_bench.base import vcs
+from mrcnn_bench.history.scratch_commits import (  # noqa: F401 (re-exported: the commits belong with the range's commands)
     AUTHOR_EMAIL,
     AUTHOR_NAME,
     BASE,
@@ -107,18 +107,20 @@ class Git:
         self.env.update(env or {})
 
     def run(self, *args: str, input: bytes | None = None, env: dict[str, str] | None = None, check: bool = True) -> str:
-        result = subprocess.run(
-            ["git", "-C", self.repo, "-c", "i18n.commitEncoding=UTF-8", *args],
-            input=input,
-            capture_output=True,
-            env={**self.env, **(env or {})},
-        )
+        try:
+            result = vcs.run(self.repo, "-c", "i18n.commitEncoding=UTF-8", *args, input=input,
+                             env={**self.env, **(env or {})}, check=False)
+        except vcs.GitError as e:
+            raise ScratchError(str(e)) from None
         if check and result.returncode != 0:
             raise ScratchError(f"git {' '.join(args)} failed: {result.stderr.decode(errors='replace').strip()}")
         return result.stdout.decode()
 
     def ok(self, *args: str) -> bool:
-        return subprocess.run(["git", "-C", self.repo, *args], capture_output=True, env=self.env).returncode == 0
+        try:
+            return vcs.run(self.repo, *args, env=self.env, check=False).returncode == 0
+        except vcs.GitError:
+            return False
 
 
 def require_base(git: Git, rng: ScratchRange = SCRATCH) -> None:
@@ -229,7 +231,7 @@ def check(repo: str | Path, rng: ScratchRange = SCRATCH) -> tuple[bool, str]:
     """(ok, one line): whether the range's branch points at the expected last commit."""
     tip = expected(repo, rng)[-1]["hash"]
     current = Git(repo).run("rev-parse", "--verify", "-q", rng.ref, check=False).strip()
-    again = f"run python bench/tools/asv_scratch.py --range {rng.label}"
+    again = f"run mrcnn-bench asv scratch --range {rng.label}"
     if not current:
         return False, f"{rng.branch} does not exist; expected {tip} ({again})"
     if current != tip:
@@ -256,10 +258,9 @@ def table(commits: list[dict[str, str]]) -> str:
     return "\n".join(f"{c['hash'][:10]}  {c['kind']:<{width}}  {c['subject']}" for c in commits)
 
 
-def main(argv: list[str] | None = None, default_repo: str | Path = ".") -> int:
-    """``bench/tools/asv_scratch.py``'s command line; ``default_repo``: ``--repo``'s default (the script
-    passes the checkout it lies in)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(prog: str = "mrcnn-bench asv scratch", default_repo: str | Path = ".") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv scratch``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(default_repo), help="git repository")
     parser.add_argument("--range", choices=sorted(RANGES), default="scratch",
                         help="which range: scratch (10-15%% regressions), steps (3%% and 5%% in one stage each)")
@@ -269,7 +270,13 @@ def main(argv: list[str] | None = None, default_repo: str | Path = ".") -> int:
     mode.add_argument("--measure-order", action="store_true",
                       help="print the range's commits (and its base, if measured) in the order to measure them, "
                            "one hash a line, for asv run HASHFILE:")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, default_repo: str | Path = ".", prog: str = "mrcnn-bench asv scratch") -> int:
+    """``mrcnn-bench asv scratch``'s command line; ``default_repo``: ``--repo``'s default (the script
+    passes the checkout it lies in)."""
+    args = build_parser(prog, default_repo).parse_args(argv)
     rng = RANGES[args.range]
     try:
         if args.list:
@@ -287,7 +294,7 @@ def main(argv: list[str] | None = None, default_repo: str | Path = ".") -> int:
             return 0 if ok else 1
         commits = create(args.repo, rng)
     except ScratchError as e:
-        print(f"asv_scratch: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     print(table(commits))
     print(f"{rng.branch} -> {commits[-1]['hash']} (base {rng.base[:10]})")

@@ -1,18 +1,18 @@
 """A commit's inference cases timed against one ruler in the same rounds, in one process, with stages.
 
-``python -m mrcnn_bench.shared_rounds OUT.json --cases A,B,... [--budget-s S | --rounds N] [--probes]``
-builds the ruler (torchvision eager, :mod:`mrcnn_bench.ruler`) and every case on the quick workload
+``python -m mrcnn_bench.history.shared_rounds OUT.json --cases A,B,... [--budget-s S | --rounds N] [--probes]``
+builds the ruler (torchvision eager, :mod:`mrcnn_bench.history.ruler`) and every case on the quick workload
 with the ruler's images, times each case's first call (compilation included: its time to first
 result), calls every distinct input once more so that no compilation can fall in a timed round, then
 runs rounds of one ruler call and one call of each case, the order rotated from round to round
-(:func:`mrcnn_bench.timing.schedule`, ``"rotate"``). A case's ratio in a round is its time over the
+(:func:`mrcnn_bench.base.timing.schedule`, ``"rotate"``). A case's ratio in a round is its time over the
 ruler's in that round: one ruler call serves every case of the round, which is what makes this
-cheaper than a process and a ruler per case (:mod:`mrcnn_bench.interleaved`, still used for the
+cheaper than a process and a ruler per case (:mod:`mrcnn_bench.history.interleaved`, still used for the
 training step, whose ruler is a training step).
 
 Stages: the eager cases (their model is the ruler's class or has its module names: ``backbone``,
 ``rpn``, ``roi_heads`` and the heads inside) are timed stage by stage with forward hooks
-(:func:`mrcnn_bench.profile.metered`), and so is the ruler, in the same calls that are timed whole;
+(:func:`mrcnn_bench.running.profile.metered`), and so is the ruler, in the same calls that are timed whole;
 each stage's ratio is the case's stage time over the ruler's same stage in the same round. A
 compiled case has no modules to hook: its figure is the whole call only.
 
@@ -22,14 +22,13 @@ change from process to process, and each costs a pass over the images per case).
 process's resident peak over that case's calls, with every case's model resident: a figure to follow
 across commits, not one case's footprint alone.
 
-Output: a JSON object: ``"timing"``, case name -> :class:`mrcnn_bench.interleaved.CaseRecord`;
+Output: a JSON object: ``"timing"``, case name -> :class:`mrcnn_bench.history.interleaved.CaseRecord`;
 ``"compiles"``, case name -> the compile probe's record (with ``--compile-probe``, else empty).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -39,13 +38,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from mrcnn_bench import timing
-from mrcnn_bench.cases import CASES, QUICK_WORKLOAD, Case
-from mrcnn_bench.history import compiled
-from mrcnn_bench.interleaved import CaseRecord, quartiles, rounds_for
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.history.commit import compiled
+from mrcnn_bench.history.interleaved import (
+    CaseRecord,
+    case_record,
+    check_request,
+    memory_and_flops,
+    rounds_for,
+    ruler_context,
+)
+from mrcnn_bench.running.cases import CASES, QUICK_WORKLOAD, Case
 
 # Seconds of timed rounds of one process run by hand; a commit's measurement passes its own
-# (mrcnn_bench.history.SHARED_BUDGET_S: why, and the rounds it buys, in results/asv/README.md).
+# (mrcnn_bench.history.commit.SHARED_BUDGET_S: why, and the rounds it buys, in results/asv/README.md).
 DEFAULT_BUDGET_S = 20.0
 MIN_ROUNDS, MAX_ROUNDS = 5, 200
 RULER = "ruler"
@@ -70,33 +77,13 @@ def measure_shared(
     # Imported here: they import the commit's mrcnn, and `--help` should not wait for torch.
     import contextlib
 
-    import torch
+    from mrcnn_bench.history.ruler import Ruler
+    from mrcnn_bench.running.cases import Row
+    from mrcnn_bench.running.pipelines import Pipeline
+    from mrcnn_bench.running.profile import STAGE_KEYS, by_stage, metered
 
-    from mrcnn_bench import backends
-    from mrcnn_bench.cases import Row
-    from mrcnn_bench.context import ContextOptions, make_context
-    from mrcnn_bench.pipelines import Pipeline
-    from mrcnn_bench.probes import case_flops
-    from mrcnn_bench.profile import STAGE_KEYS, by_stage, metered
-    from mrcnn_bench.ruler import IMAGE_SIZE, Ruler, ruler_images
-
-    if rounds is not None and rounds < 3:
-        raise ValueError(f"rounds must be >= 3 (a median of fewer is not a figure), got {rounds}")
-    if not case_names or len(set(case_names)) != len(case_names):
-        raise ValueError(f"name each case once, at least one: {list(case_names)}")
-    for name in case_names:
-        if name not in CASES:
-            raise ValueError(f"unknown case {name!r}; choose from {sorted(CASES)}")
-        if CASES[name].phase != "inference":
-            raise ValueError(f"{name}: only inference cases share the ruler's rounds (time training with interleaved)")
-        reason = CASES[name].skip_reason()
-        if reason:
-            raise NotImplementedError(f"{name}: {reason}")
-    threads = threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(threads)
-    workload = dataclasses.replace(QUICK_WORKLOAD, image_size=IMAGE_SIZE)
-    ctx, _ = make_context(ContextOptions(workload, seed=0, threads=threads))
-    ctx.images = ruler_images(workload.images)  # every commit times the same pixels
+    check_request(case_names, rounds, phase="inference")
+    threads, workload, ctx = ruler_context(threads, training=False)
     ruler = Ruler("inference")
     pipelines: dict[str, Pipeline] = {}
     first: dict[str, float] = {}
@@ -122,43 +109,15 @@ def measure_shared(
                 for label, value in by_stage({**sums[name], "total": s}).items():
                     stages[name][STAGE_KEYS[label]].append(value)
                 sums[name].clear()
-    load_after = os.getloadavg()[0]
+    load = (load_before, os.getloadavg()[0])
 
     records = {}
     for name, pipeline in pipelines.items():
-        case = CASES[name]
-        peak, flops = math.nan, None
-        if probes:
-            # After the rounds, so that resetting the counters cannot perturb a timed call.
-            dev = backends.device(case.backend)
-            backends.memory_reset(dev)
-            for index in range(workload.images):
-                pipeline.call(index)
-            peak = backends.memory_peak(dev)
-            flops = case_flops(Row(case), ctx)
-        ratios = [c / r for c, r in zip(seconds[name], seconds[RULER], strict=True)]
-        q1, med, q3 = quartiles(ratios)
+        peak, flops = memory_and_flops(pipeline, workload.images, ctx, flops=True) if probes else (math.nan, None)
         own = stages.get(name, {})
-        records[name] = CaseRecord(
-            case=name,
-            phase=case.phase,
-            rounds=rounds,
-            threads=threads,
-            images_per_call=workload.batch_size,
-            case_s=seconds[name],
-            ruler_s=seconds[RULER],
-            ratio_median=med,
-            ratio_q1=q1,
-            ratio_q3=q3,
-            seconds_median=statistics.median(seconds[name]),
-            ruler_seconds_median=statistics.median(seconds[RULER]),
-            first_result_s=(first_results or {}).get(name, first[name]),
-            peak_memory_gb=peak,
-            flops=flops,
-            loadavg_before=load_before,
-            loadavg_after=load_after,
-            ratio_per_process=[med],
-            stage_s=own,
+        records[name] = case_record(
+            name, CASES[name].phase, threads, workload.batch_size, seconds[name], seconds[RULER],
+            (first_results or {}).get(name, first[name]), peak, flops, load, stage_s=own,
             ruler_stage_s=stages[RULER] if own else {},
             stage_ratio_median={k: _stage_ratio(v, stages[RULER][k]) for k, v in own.items()},
         )
@@ -177,7 +136,8 @@ def _names(text: str) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.shared_rounds", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m mrcnn_bench.history.shared_rounds", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="the records are written here as JSON (case -> record)")
     parser.add_argument("--cases", required=True, help="comma-separated inference cases, e.g. static/eager,static/xla")
     how_many = parser.add_mutually_exclusive_group()
@@ -207,21 +167,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         first = {n: r["first_call_s"] for n, r in compiles.items() if r.get("first_call_s") is not None and n in names}
         records = measure_shared(names, args.rounds, args.threads, args.budget_s, args.probes, first)
     except (ValueError, NotImplementedError) as e:
-        print(f"mrcnn_bench.shared_rounds: {e}", file=sys.stderr)
+        print(f"mrcnn_bench.history.shared_rounds: {e}", file=sys.stderr)
         return 2
-    from mrcnn_bench.compile_probe import jsonable  # compile_probe loads torch: --help should not wait for it
+    from mrcnn_bench.gates.compile_probe import jsonable  # compile_probe loads torch: --help should not wait for it
 
     out = {"timing": {n: r.to_dict() for n, r in records.items()}, "compiles": compiles}
-    args.out.write_text(json.dumps(out, indent=1, default=jsonable))
+    atomic_write(args.out, json.dumps(out, indent=1, default=jsonable))
     return 0
 
 
 def compile_probes(case_names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """:func:`mrcnn_bench.compile_probe.measure_case` of each compiled case among ``case_names``, in
+    """:func:`mrcnn_bench.gates.compile_probe.measure_case` of each compiled case among ``case_names``, in
     this process and before anything else is built: each backend's counters are then the probe's own
     (XLA's count process-wide; only the XLA case uses XLA here, only the inductor case dynamo), and
     the first call of each size is cold, so the counts are those of a fresh process."""
-    from mrcnn_bench.compile_probe import measure_case  # loads torch and the commit's mrcnn: not for --help
+    from mrcnn_bench.gates.compile_probe import measure_case  # loads torch and the commit's mrcnn: not for --help
 
     probed = [n for n in case_names if n in CASES and CASES[n].skip_reason() is None and compiled(n)]
     return {n: measure_case(n, QUICK_WORKLOAD.preset) for n in probed}

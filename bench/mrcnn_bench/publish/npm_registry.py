@@ -3,7 +3,7 @@
 :func:`npm_tarball` returns a package's tarball only after checking it against the registry's
 ``dist.integrity`` (sha512); both the record and the tarball are cached, so a second use needs no
 network. :func:`sri_matches` checks bytes against a tag's Subresource Integrity value. Used by
-:mod:`mrcnn_bench.offline_html`.
+:mod:`mrcnn_bench.publish.offline_html`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import urllib.request
 from collections.abc import Callable
 from io import BytesIO
 from pathlib import Path
+
+from mrcnn_bench.base.files import atomic_write
 
 REGISTRY = "https://registry.npmjs.org"
 FETCH_TIMEOUT_S = 60
@@ -79,13 +81,6 @@ def _get(fetch: Fetch, url: str) -> bytes:
 
 def _cache_name(package: str, version: str) -> str:
     return f"{package.replace('/', '+')}@{version}"
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
 
 
 def _registry_record(package: str, version: str, cache_dir: Path, fetch: Fetch) -> dict:

@@ -7,7 +7,7 @@ from often have no internet, and there the page shows nothing but asv's "depende
 load" error. This module copies each of those files into ``HTML_DIR/vendor/PKG@VER/PATH`` and points
 the tags at the copies::
 
-    PYTHONPATH=bench python -m mrcnn_bench.offline_html results/html [--cache .asv/vendor-cache]
+    mrcnn-bench asv offline-html results/html [--cache .asv/vendor-cache]
 
 Where the files come from: the npm registry, the one package source reachable from the machines
 that publish (the CDNs are often not). Each URL maps to (npm package, version, file in its tarball):
@@ -52,11 +52,11 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from mrcnn_bench.npm_registry import (
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.publish.npm_registry import (
     REMOTE,
     Fetch,
     VendorError,
-    atomic_write,
     css_dependencies,
     fetch_url,
     npm_tarball,
@@ -289,7 +289,7 @@ def _remote_tags(html_dir: Path) -> Iterator[tuple[Path, str, list[tuple[_Tag, N
             source = npm_source(tag.url)
             if source is None:
                 raise VendorError(f"no npm source known for {tag.url} in {page}: add it to "
-                                  "mrcnn_bench.offline_html.CDN_TABLE (or use a cdn.jsdelivr.net/npm URL)")
+                                  "mrcnn_bench.publish.offline_html.CDN_TABLE (or use a cdn.jsdelivr.net/npm URL)")
             found.append((tag, source))
         yield page, text, found
 
@@ -347,13 +347,18 @@ def vendor_assets(html_dir: Path, cache_dir: Path = DEFAULT_CACHE, fetch: Fetch 
     return assets
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Vendor, then check nothing loads from outside; 0, or 2 with one line on stderr."""
-    parser = argparse.ArgumentParser(prog="python -m mrcnn_bench.offline_html", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv offline-html") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv offline-html``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("html_dir", type=Path, help="the folder asv publish wrote (e.g. results/html)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE,
                         help=f"npm tarballs and registry records, kept between runs (default: {DEFAULT_CACHE})")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv offline-html") -> int:
+    """Vendor, then check nothing loads from outside; 0, or 2 with one line on stderr."""
+    args = build_parser(prog).parse_args(argv)
     try:
         if not _html_files(args.html_dir):
             raise VendorError(f"no .html files under {args.html_dir} (run asv publish first)")
@@ -364,14 +369,14 @@ def main(argv: list[str] | None = None) -> int:
             raise VendorError(f"{len(left)} script/stylesheet references still point outside {args.html_dir}: "
                               f"{listed}{', ...' if len(left) > 3 else ''}")
     except VendorError as e:
-        print(f"offline_html: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     if not assets:
-        print(f"offline_html: no CDN references left in {args.html_dir}; no script or stylesheet loads from outside")
+        print(f"{prog}: no CDN references left in {args.html_dir}; no script or stylesheet loads from outside")
         return 0
     packages = sorted({f"{a.source.package}@{a.source.version}" for a in assets})
     checked = sum(a.sri_checked for a in assets)
-    print(f"offline_html: {len(assets)} references rewritten to {args.html_dir / VENDOR_DIR} ({', '.join(packages)}); "
+    print(f"{prog}: {len(assets)} references rewritten to {args.html_dir / VENDOR_DIR} ({', '.join(packages)}); "
           f"{checked} of them also match the page's own integrity hash (the others are stand-ins, see the module "
           "docstring); no script or stylesheet loads from outside")
     return 0

@@ -1,13 +1,13 @@
 """Screenshots of the published asv dashboard in headless Chromium with no network: proof that it renders.
 
-    python bench/tools/dashboard_screenshots.py [--html-dir results/html] [--out results/asv/screenshots]
+    mrcnn-bench asv screenshots [--html-dir results/html] [--out results/asv/screenshots]
 
 Serves ``--html-dir`` over http on 127.0.0.1 (a free port, in a thread: the pages load their JSON
 with XHR, which Chromium refuses over ``file://``), then runs Chromium headless with every host
 but 127.0.0.1 made unresolvable (``--host-resolver-rules``), the way a machine with no internet
 sees the page. Anything still loaded from a CDN fails there, and asv then sends the browser to its
 error page, so the screenshots show whether the folder stands alone (see
-:mod:`mrcnn_bench.offline_html`). ``--virtual-time-budget`` lets the scripts, XHRs and the graph
+:mod:`mrcnn_bench.publish.offline_html`). ``--virtual-time-budget`` lets the scripts, XHRs and the graph
 drawing finish before the capture without a fixed sleep.
 
 ``--report DIR`` instead takes the pages ``mrcnn-bench report`` wrote to DIR (its index and each
@@ -125,15 +125,15 @@ def find_chromium(name: str | None) -> str:
         path = shutil.which(candidate)
         if path:
             return path
-    raise SystemExit(f"dashboard_screenshots: no Chromium found ({name or ', '.join(CHROMIUM_NAMES)}); "
+    raise SystemExit(f"mrcnn-bench asv screenshots: no Chromium found ({name or ', '.join(CHROMIUM_NAMES)}); "
                      "on Debian: apt-get install chromium")
 
 
-def report_screenshots(folder: Path, out: Path, chromium: str) -> int:
+def report_screenshots(folder: Path, out: Path, chromium: str, prog: str = "mrcnn-bench asv screenshots") -> int:
     """``mrcnn-bench report``'s pages (``index.html`` and every run's page) at 1400 px, no network."""
     pages = sorted(p.name for p in folder.glob("*.html"))
     if "index.html" not in pages:
-        print(f"dashboard_screenshots: no index.html in {folder} (run mrcnn-bench report ... --out {folder})",
+        print(f"{prog}: no index.html in {folder} (run mrcnn-bench report ... --out {folder})",
               file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
@@ -143,13 +143,14 @@ def report_screenshots(folder: Path, out: Path, chromium: str) -> int:
             command = [chromium, *FLAGS, f"--screenshot={out / page.replace('.html', '.png')}", base + page]
             commands.append(shlex.join(command))
             subprocess.run(command, capture_output=True, timeout=CHROMIUM_TIMEOUT_S, check=True)
-            print(f"dashboard_screenshots: {out / page.replace('.html', '.png')}")
+            print(f"{prog}: {out / page.replace('.html', '.png')}")
     (out / "commands.txt").write_text("\n".join(commands) + "\n")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(prog: str = "mrcnn-bench asv screenshots") -> argparse.ArgumentParser:
+    """``mrcnn-bench asv screenshots``'s arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--report", type=Path, default=None, metavar="DIR",
                         help="instead: screenshots of mrcnn-bench report's pages in DIR (index and each run)")
     parser.add_argument("--html-dir", type=Path, default=Path("results/html"), help="default: results/html")
@@ -166,16 +167,20 @@ def main(argv: list[str] | None = None) -> int:
                         + " holding index or graph (default: all)")
     parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
                         + ", ".join(CHROMIUM_NAMES) + " on PATH)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv screenshots") -> int:
+    args = build_parser(prog).parse_args(argv)
     if args.report is not None:
         try:
-            return report_screenshots(args.report, args.out, find_chromium(args.chromium))
+            return report_screenshots(args.report, args.out, find_chromium(args.chromium), prog)
         except SystemExit as e:
             print(e, file=sys.stderr)
             return 2
     index_json = args.html_dir / "index.json"
     if not (args.html_dir / "index.html").is_file() or not index_json.is_file():
-        print(f"dashboard_screenshots: no index.html and index.json in {args.html_dir} (run make asv-publish)",
+        print(f"{prog}: no index.html and index.json in {args.html_dir} (run make asv-publish)",
               file=sys.stderr)
         return 2
     try:
@@ -183,24 +188,28 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         print(e, file=sys.stderr)
         return 2
-    index = json.loads(index_json.read_text())
-    if not index.get("benchmarks"):
-        print(f"dashboard_screenshots: {index_json} lists no benchmarks", file=sys.stderr)
+    try:
+        index = json.loads(index_json.read_text())
+    except ValueError as e:  # not the file asv publish writes
+        print(f"{prog}: {index_json} is not JSON ({e})", file=sys.stderr)
+        return 2
+    if not isinstance(index, dict) or not index.get("benchmarks"):
+        print(f"{prog}: {index_json} lists no benchmarks", file=sys.stderr)
         return 2
     first = next(iter(index["benchmarks"]))
     graphed = args.benchmark or first
     bad = [p for p in args.param if "=" not in p]
     if bad:
-        print(f"dashboard_screenshots: --param {bad[0]!r} is not KEY=VALUE", file=sys.stderr)
+        print(f"{prog}: --param {bad[0]!r} is not KEY=VALUE", file=sys.stderr)
         return 2
     chosen = dict(p.split("=", 1) for p in args.param)
     taken = [p.strip() for p in args.pages.split(",") if p.strip()]
     if set(taken) - set(PAGES) or not {"index", "graph"} & set(taken):
-        print(f"dashboard_screenshots: --pages {args.pages!r}: a comma list of {', '.join(PAGES)} "
+        print(f"{prog}: --pages {args.pages!r}: a comma list of {', '.join(PAGES)} "
               "holding index or graph (the pages whose DOM shows whether the scripts ran)", file=sys.stderr)
         return 2
     if graphed not in index["benchmarks"]:
-        print(f"dashboard_screenshots: no benchmark {graphed} in {index_json}", file=sys.stderr)
+        print(f"{prog}: no benchmark {graphed} in {index_json}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     commands: list[str] = []
@@ -228,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                 if name in pages:
                     doms[name] = chromium_run("--dump-dom", base + pages[name])
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        print(f"dashboard_screenshots: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     finally:
         # The port changes with each run; the commands are kept as run, for the record.
@@ -236,11 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, dom in doms.items():
         (args.out / f"{name}.dom.html").write_text(dom)
     for name in pages:
-        print(f"dashboard_screenshots: {args.out / (name + '.png')}")
+        print(f"{prog}: {args.out / (name + '.png')}")
     why = not_rendered(doms, first, graphed)
     if why:
         seen = ", ".join(str(args.out / f"{name}.dom.html") for name in doms)
-        print(f"dashboard_screenshots: the dashboard did not render: {why} (see {seen})", file=sys.stderr)
+        print(f"{prog}: the dashboard did not render: {why} (see {seen})", file=sys.stderr)
         return 1
     seen_ok = {"index": f"the grid lists {first} and the other benchmarks",
                "graph": f"the graph of {graphed} drew its series"}

@@ -20,10 +20,10 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
-from mrcnn_bench.goals import speed_goals
-from mrcnn_bench.records import Record, RunDocument
-from mrcnn_bench.report import table_frame
+from mrcnn_bench.gates.goals import speed_goals
+from mrcnn_bench.reports.report import table_frame
+from mrcnn_bench.running.cases import REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.running.records import Record, RunDocument
 
 BENCHMARK_NAME = "mrcnn-bench"
 # Where each implementation comes from: this repository's static model, torchvision's reference; a

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from mrcnn_bench import report, run_notes, store
-from mrcnn_bench.records import Record, RunDocument
+from mrcnn_bench.reports import report, run_notes
+from mrcnn_bench.running import store
+from mrcnn_bench.running.records import Record, RunDocument
 
 
 def run_label(doc: RunDocument, rec: Record) -> str:

@@ -23,13 +23,13 @@ import numpy as np
 import pandas as pd
 from scipy.stats import gmean
 
-from mrcnn_bench.cases import REFERENCE, TRAIN_REFERENCE
-from mrcnn_bench.goals import target_verdict
-from mrcnn_bench.records import Record, RunDocument, as_number
-from mrcnn_bench.row_stats import interval_text, median, paired_ratio, useful_fraction
-from mrcnn_bench.run_notes import images_text, notes
-from mrcnn_bench.stats import MIN_SAMPLES
-from mrcnn_bench.store import write_atomic
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.goals import target_verdict
+from mrcnn_bench.gates.row_stats import interval_text, median, paired_ratio, useful_fraction
+from mrcnn_bench.gates.stats import MIN_SAMPLES
+from mrcnn_bench.reports.run_notes import images_text, notes
+from mrcnn_bench.running.cases import REFERENCE, TRAIN_REFERENCE
+from mrcnn_bench.running.records import Record, RunDocument, as_number
 
 # Every column of the table: (the HTML page's short header, what it means). The notes list them all.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -91,7 +91,7 @@ def too_few(rec: Record) -> str:
 
 def first_pass(rec: Record) -> float:
     """Seconds of one cold pass over the run's distinct inputs, compilation included
-    (:func:`mrcnn_bench.records.first_pass_seconds`); NaN for run files from before it was recorded."""
+    (:func:`mrcnn_bench.running.records.first_pass_seconds`); NaN for run files from before it was recorded."""
     return as_number(getattr(rec, "first_pass_s", math.nan))
 
 
@@ -365,10 +365,10 @@ def write(doc: RunDocument, out_dir: Path, with_plots: bool = True) -> list[Path
     name = doc.name
     # Each written whole or not at all (a temporary file, then a rename): a crash leaves the last good one.
     md = out_dir / f"{name}.md"
-    write_atomic(md, f"# {name}\n\n{markdown(doc)}\n")
+    atomic_write(md, f"# {name}\n\n{markdown(doc)}\n")
     csv = out_dir / f"{name}.csv"
-    write_atomic(csv, table_frame(doc.records, doc.run.overrides).to_csv(index=False))
+    atomic_write(csv, table_frame(doc.records, doc.run.overrides).to_csv(index=False))
     pngs = plots(doc, out_dir, name) if with_plots else []
     page = out_dir / f"{name}.html"
-    write_atomic(page, html_page(doc, pngs))
+    atomic_write(page, html_page(doc, pngs))
     return [md, csv, page, *pngs]

@@ -10,13 +10,14 @@ import itertools
 import math
 import statistics
 
-from mrcnn_bench.goals import speed_goals
-from mrcnn_bench.records import RunDocument, RunInfo, as_number
+from mrcnn_bench.gates.goals import speed_goals
+from mrcnn_bench.running.records import RunDocument, RunInfo, as_number
 
 
 def other_load(states: list[dict[str, float]]) -> dict[str, float]:
-    """From consecutive :func:`mrcnn_bench.probes.machine_state` readings: the median over the intervals of the cores
-    other processes kept busy, and of the cores the hypervisor took (steal); {} without the counters."""
+    """From consecutive :func:`mrcnn_bench.running.probes.machine_state` readings: the median over the
+    intervals of the cores other processes kept busy, and of the cores the hypervisor took (steal); {} without the
+    counters."""
     others, steals = [], []
     for a, b in itertools.pairwise(states):
         wall = b.get("wall_s", 0) - a.get("wall_s", 0)
@@ -52,8 +53,9 @@ def notes(doc: RunDocument) -> list[str]:
         out.append("FLOPs per call (FlopCounterMode, eager CPU; NMS/RoIAlign not counted): "
                    + ", ".join(f"{k} {v / 1e9:.1f} G" for k, v in flops.items()))
     if any(speed_goals(r.case, r.preset, r.image_size, run.overrides) for r in doc.records):
-        out.append("target: this project's speed goals for the row in this workload (bench/mrcnn_bench/goals.py), "
-                   "each a multiple of another row's median (`<= 0.7x tv`: at most 0.7 times torchvision eager's "
+        out.append("target: this project's speed goals for the row in this workload "
+                   "(bench/mrcnn_bench/gates/goals.py), each a multiple of another row's median "
+                   "(`<= 0.7x tv`: at most 0.7 times torchvision eager's "
                    "latency per call; training: at least that many times torchvision's training throughput), "
                    "and whether this run met it, decided by the 95% interval of the per-round ratio to that row; "
                    "a goal set against a torchvision row also needs parity with its detections to count as met. "

@@ -3,12 +3,12 @@
 A :class:`Case` is one way of running the model (implementation, backend, compiler, precision,
 phase). A :class:`Workload` is what it runs on (preset, image size, images per call). A
 :class:`Row` is a case plus a :class:`Variant` (which code, which settings). A run is a workload
-times a list of rows, timed interleaved (see :mod:`mrcnn_bench.runner`).
+times a list of rows, timed interleaved (see :mod:`mrcnn_bench.running.runner`).
 
 Your own cases, with no edit here: a module of yours calls :func:`add_case` (and, for another
 model or compiler, :func:`register_implementation` / :func:`register_compiler`), and is named in
 ``$MRCNN_BENCH_CASES`` (comma-separated module names) or declared as an entry point of the group
-``mrcnn_bench.cases`` in your package. It is loaded when this module is, in every process (runs,
+``mrcnn_bench.running.cases`` in your package. It is loaded when this module is, in every process (runs,
 workers, asv, pytest-benchmark), so its cases appear in ``mrcnn-bench run`` and ``list``, the report,
 pytest-benchmark (``quick=True``) and asv (``tracked=True``). Example: ``bench/examples/my_cases.py``.
 """
@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-if TYPE_CHECKING:  # backends imports torch: kept out of `mrcnn-bench --help` (mrcnn_bench.cli)
-    from mrcnn_bench.backends import Backend
+from mrcnn_bench.base.errors import UsageError
+
+if TYPE_CHECKING:  # backends imports torch: kept out of `mrcnn-bench --help` (mrcnn_bench.cli.commands)
+    from mrcnn_bench.running.backends import Backend
 
 Compiler = Literal["eager", "inductor", "frozen", "export", "aoti"]  # none | torch.compile | +freezing | .pt2 | AOTI
 Precision = Literal["fp32", "bf16"]  # bf16: autocast
@@ -46,7 +48,7 @@ class Implementation:
     ``torchvision``: torchvision's detection models': ``forward(list of images) -> list[dict]``, and
     ``forward(images, targets) -> losses``. ``builder``: ``"module:function"`` taking the run's
     ``mrcnn.config.Config`` and its torchvision-named state_dict and returning the model (it may
-    ignore the weights); empty for the two built in, which :mod:`mrcnn_bench.pipelines` builds.
+    ignore the weights); empty for the two built in, which :mod:`mrcnn_bench.running.pipelines` builds.
     """
 
     interface: Interface
@@ -54,7 +56,7 @@ class Implementation:
 
 
 IMPLEMENTATIONS: dict[str, Implementation] = {name: Implementation(name) for name in INTERFACES}  # the built-ins
-# Compiler name -> "module:function" of its builder (mrcnn_bench.pipelines.Builder); "" for the built-ins.
+# Compiler name -> "module:function" of its builder (mrcnn_bench.running.pipelines.Builder); "" for the built-ins.
 COMPILERS: dict[str, str] = dict.fromkeys(get_args(Compiler), "")
 
 
@@ -76,14 +78,14 @@ class Case:
                                       (self.compiler, tuple(COMPILERS), "compiler"),
                                       (self.precision, PRECISIONS, "precision"), (self.phase, PHASES, "phase")):
             if value not in allowed:
-                raise ValueError(f"case {field} {value!r} is not one of {allowed}")
+                raise UsageError(f"case {field} {value!r} is not one of {allowed}")
         if (self.compiler in ("export", "aoti", "frozen") and self.phase != "inference") or (
                 self.compiler in ("export", "aoti") and self.impl != "static"):  # fmt: skip
-            raise ValueError("export and aoti cases exist for static inference only, frozen cases for inference")
+            raise UsageError("export and aoti cases exist for static inference only, frozen cases for inference")
         if self.overrides and not self.tag:
-            raise ValueError("a case with config overrides needs a tag, which names it")
+            raise UsageError("a case with config overrides needs a tag, which names it")
         if not re.fullmatch(r"[A-Za-z0-9_.-]*", self.tag):  # a comma or slash would make it unselectable
-            raise ValueError(f"case tag {self.tag!r}: letters, digits, '_', '.' and '-' only (it is part of --cases)")
+            raise UsageError(f"case tag {self.tag!r}: letters, digits, '_', '.' and '-' only (it is part of --cases)")
         # Hashable however it was given (a run file's JSON gives lists).
         object.__setattr__(self, "overrides", tuple((str(k), v) for k, v in self.overrides))
 
@@ -103,12 +105,12 @@ class Case:
     @property
     def flushes_subnormals(self) -> bool:
         """Training: its process treats subnormal floats as zero from its start
-        (:func:`mrcnn_bench.backends.flush_subnormals`; why: ``results/training/README.md``)."""
+        (:func:`mrcnn_bench.running.backends.flush_subnormals`; why: ``results/training/README.md``)."""
         return self.phase == "training"
 
     def skip_reason(self) -> str | None:
         """Why this case cannot run here (an absent backend), or None."""
-        from mrcnn_bench.backends import unavailable  # lazy: backends loads torch, cases must not (fast --help)
+        from mrcnn_bench.running.backends import unavailable  # lazy: backends loads torch, cases must not (fast --help)
 
         return unavailable(self.backend)
 
@@ -131,22 +133,21 @@ class Workload:
 
     def __post_init__(self) -> None:
         if len(self.image_size) != 2 or min(self.image_size) <= 0:
-            raise ValueError(f"image_size must be (height, width) > 0, got {self.image_size}")
+            raise UsageError(f"image_size must be (height, width) > 0, got {self.image_size}")
         sizes = tuple((int(h), int(w)) for h, w in self.sizes)  # hashable however given (a run file has lists)
         if any(min(s) <= 0 for s in sizes):
-            raise ValueError(f"sizes must be (height, width) > 0, got {self.sizes}")
+            raise UsageError(f"sizes must be (height, width) > 0, got {self.sizes}")
         object.__setattr__(self, "sizes", sizes)
         if sizes:
             object.__setattr__(self, "images", len(sizes))
         if self.batch_size < 1 or self.images < 1:
-            raise ValueError("batch_size and images must be >= 1")
+            raise UsageError("batch_size and images must be >= 1")
 
     @property
     def sizes_label(self) -> str:
         """``fixed 240x320`` or ``stream of 8 sizes (480x640, ...)``: which kind of workload this is."""
         if not self.sizes:
-            h, w = self.image_size
-            return f"fixed {h}x{w}"
+            return f"fixed {self.image_size[0]}x{self.image_size[1]}"
         return f"stream of {len(self.sizes)} sizes ({', '.join(f'{h}x{w}' for h, w in self.sizes)})"
 
     @property
@@ -186,7 +187,7 @@ def stream_sizes(seed: int = 0, count: int = STREAM_IMAGES) -> tuple[tuple[int, 
     ``random.Random(seed).random()`` is drawn, whose sequence Python keeps across versions.
     """
     if count < 1:
-        raise ValueError(f"a stream needs at least one image, got {count}")
+        raise UsageError(f"a stream needs at least one image, got {count}")
     rng = random.Random(seed)
     lo, hi = STREAM_LONG_SIDE
     out: list[tuple[int, int]] = []
@@ -203,7 +204,7 @@ class Variant:
     """Which code and settings a row runs: ``code`` is a checkout whose ``mrcnn`` is imported.
 
     ``slowdown``: the fraction of extra inference work the harness adds to the model
-    (:func:`mrcnn_bench.slowdown.inject_slowdown`), e.g. 0.1 for B in a test of the latency gate.
+    (:func:`mrcnn_bench.running.slowdown.inject_slowdown`), e.g. 0.1 for B in a test of the latency gate.
     """
 
     label: str = ""  # "" in a plain run; "A" / "B" in compare
@@ -213,7 +214,7 @@ class Variant:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.slowdown < 1.0:
-            raise ValueError(f"slowdown must be in [0, 1), got {self.slowdown}")
+            raise UsageError(f"slowdown must be in [0, 1), got {self.slowdown}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -236,7 +237,7 @@ class Row:
 
     @property
     def in_worker(self) -> bool:
-        """Rows that run in a worker subprocess (:class:`mrcnn_bench.execution.WorkerRow`) even with
+        """Rows that run in a worker subprocess (:class:`mrcnn_bench.running.execution.WorkerRow`) even with
         ``--in-process``: bounded cases, other code, and cases whose process must flush subnormals
         from its start (:attr:`Case.flushes_subnormals`)."""
         return self.case.bounded or self.variant.code is not None or self.case.flushes_subnormals
@@ -355,7 +356,7 @@ def parse_cases(text: str | None) -> list[Case]:
         elif item:
             names.append(item)
     if unknown := [n for n in names if n not in CASES]:
-        raise ValueError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
+        raise UsageError(f"unknown case(s) {unknown}; choose from {list(CASES)} (or all, quick, inference, training)")
     # A user's builder that cannot load is found now, not in each row's set-up.
     for case in (cases := [CASES[n] for n in dict.fromkeys(names)]):
         for builder in filter(None, (IMPLEMENTATIONS[case.impl].builder, COMPILERS.get(case.compiler, ""))):
@@ -381,18 +382,18 @@ def check_builder(builder: str, case: str) -> None:
 def register_implementation(name: str, interface: Interface, builder: str) -> None:
     """Make ``name`` usable as a case's ``impl``: a model built by ``builder`` ("module:function")."""
     if name in IMPLEMENTATIONS:
-        raise ValueError(f"an implementation named {name!r} is already registered")
+        raise UsageError(f"an implementation named {name!r} is already registered")
     if interface not in INTERFACES or ":" not in builder:
-        raise ValueError(f"{name}: interface must be one of {INTERFACES} and builder 'module:function'")
+        raise UsageError(f"{name}: interface must be one of {INTERFACES} and builder 'module:function'")
     IMPLEMENTATIONS[name] = Implementation(interface, builder)
 
 
 def register_compiler(name: str, builder: str) -> None:
     """Make ``name`` a case's ``compiler``: ``builder`` ("module:function"), ``(model, case, slowdown) -> Compiled``."""
     if name in COMPILERS:
-        raise ValueError(f"a compiler named {name!r} is already registered")
+        raise UsageError(f"a compiler named {name!r} is already registered")
     if ":" not in builder:
-        raise ValueError(f"{name}: builder must be 'module:function'")
+        raise UsageError(f"{name}: builder must be 'module:function'")
     COMPILERS[name] = builder
 
 
@@ -400,7 +401,7 @@ def add_case(case: Case, quick: bool = False, tracked: bool = False) -> Case:
     """Add ``case`` to CASES; ``quick``: to QUICK too (pytest-benchmark, CI), ``tracked``: to TRACKED (asv)."""
     global QUICK, TRACKED
     if case.name in CASES:
-        raise ValueError(f"a case named {case.name!r} already exists")
+        raise UsageError(f"a case named {case.name!r} already exists")
     CASES[case.name] = case
     if quick:
         QUICK = (*QUICK, case.name)
@@ -413,9 +414,8 @@ USER_CASES_ENV = "MRCNN_BENCH_CASES"  # comma-separated modules that add cases
 ENTRY_POINT_GROUP = "mrcnn_bench.cases"  # or entry points of this group, in any installed package
 
 
-class UserCasesError(ValueError):
-    """A module of ``$MRCNN_BENCH_CASES`` or an entry point of the group failed to load. A ValueError:
-    the command lines report it as an input error (exit 2), in one line naming the module and the error."""
+class UserCasesError(UsageError):
+    """A module of ``$MRCNN_BENCH_CASES`` or an entry point failed to load: exit 2, one line naming it and its error."""
 
 
 def _one_line(e: BaseException) -> str:

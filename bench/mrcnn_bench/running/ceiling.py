@@ -155,7 +155,7 @@ def _rate(exe: Path, dependent: bool, threads: int) -> tuple[int, float]:
 
 def measure(fallback_gflops: dict[str, float] | None = None) -> Ceiling:
     """The ceiling of the cores this process may use; ``fallback_gflops`` ({"fp32": .., "bf16": ..},
-    e.g. the best convolution rates of :func:`mrcnn_bench.probes.measure_peaks`) where the loops
+    e.g. the best convolution rates of :func:`mrcnn_bench.running.probes.measure_peaks`) where the loops
     cannot run."""
     flags, ident = cpu_flags()
     cores = len(os.sched_getaffinity(0))
@@ -180,7 +180,7 @@ def measure(fallback_gflops: dict[str, float] | None = None) -> Ceiling:
 
 
 def main() -> int:
-    """``python -m mrcnn_bench.ceiling``: this machine's ceiling as JSON (run it on an idle machine)."""
+    """``python -m mrcnn_bench.running.ceiling``: this machine's ceiling as JSON (run it on an idle machine)."""
     print(json.dumps(dataclasses.asdict(measure()), indent=1))
     return 0
 

@@ -26,8 +26,10 @@ from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.model import MaskRCNN
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import backends
-from mrcnn_bench.cases import TRAIN_BATCH, Variant, Workload
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running import backends
+from mrcnn_bench.running.cases import TRAIN_BATCH, Variant, Workload
 
 Sample = tuple[Tensor, dict[str, Tensor]]  # CocoDataset-style (uint8 image [3, h, w], target dict)
 
@@ -81,7 +83,7 @@ def make_context(opts: ContextOptions) -> tuple[Context, str]:
     With ``$MRCNN_CONTEXT_CACHE`` set to a folder, a context made from the same options is loaded
     from there instead of being made again (the calibrated weights cost seconds per process). The
     folder must belong to one checkout of ``mrcnn``: one commit's measurement makes and removes it
-    (:func:`mrcnn_bench.history.measure_commit`), because another commit may calibrate differently.
+    (:func:`mrcnn_bench.history.commit.measure_commit`), because another commit may calibrate differently.
     """
     cache = os.environ.get(CONTEXT_CACHE_ENV)
     if not cache:
@@ -177,7 +179,7 @@ def load_weights_file(path: str, cfg: Config) -> dict[str, Tensor]:
         state = read_state_dict(path)
         load_torchvision_weights(MaskRCNN(cfg).eval(), state)
     except ValueError as e:
-        raise ValueError(f"--weights {path}: {e}") from None
+        raise UsageError(f"--weights {path}: {e}") from None
     return state
 
 
@@ -186,7 +188,7 @@ def coco_images(root: str, count: int, split: str = "val2017", detections: int =
     before any is decoded when one is too large to time here (:func:`check_paste_memory`)."""
     dataset = CocoDataset(root, split)
     if len(dataset) == 0:
-        raise ValueError(f"--coco-root {root}: split {split!r} holds no images to time")
+        raise UsageError(f"--coco-root {root}: split {split!r} holds no images to time")
     n = min(count, len(dataset))
     check_paste_memory(dataset.sizes[:n], detections, available_bytes(), f"--coco-root {root}")
     return [dataset[i][0].float() / 255 for i in range(n)]
@@ -222,7 +224,7 @@ def check_paste_memory(sizes: list[tuple[int, int]], detections: int, available:
     need = detections * (4 * largest[0] * largest[1] + pixels) + 12 * pixels
     if need > PASTE_SHARE * available:
         side = int((PASTE_SHARE * available / (detections * (4 + len(sizes)) + 12 * len(sizes))) ** 0.5)
-        raise ValueError(
+        raise UsageError(
             f"{what}: {len(sizes)} image(s) up to {largest[0]}x{largest[1]} would need {need / 2**30:.1f} GiB to "
             f"paste their up to {detections} masks each at full size (float32, as torchvision's postprocess does, "
             f"and a bool copy kept for parity) and hold the images, more than {PASTE_SHARE:.0%} of the "
@@ -234,7 +236,7 @@ def save_context(ctx: Context, workdir: Path) -> None:
     """``workdir/context.json`` (settings) and ``workdir/inputs.pt`` (tensors), for workers."""
     meta = {"preset": ctx.preset, "overrides": ctx.overrides, "workload": ctx.workload.to_dict(),
             "threads": ctx.threads, "seed": ctx.seed}
-    (workdir / "context.json").write_text(json.dumps(meta))
+    atomic_write((workdir / "context.json"), json.dumps(meta))
     torch.save({"weights": ctx.weights, "images": ctx.images, "train_samples": ctx.train_samples,
                 "train_weights": ctx.train_weights}, workdir / "inputs.pt")
 

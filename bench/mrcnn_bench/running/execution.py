@@ -1,14 +1,14 @@
 """Running a row: in this process (:class:`InProcessRow`) or in a worker process (:class:`WorkerRow`).
 
 Both answer ``setup()``, then ``call(index) -> (seconds, result, peak GB, call's extra GB)``,
-``counters()`` and ``close()``. A row runs in a worker subprocess (``python -m mrcnn_bench.worker``)
+``counters()`` and ``close()``. A row runs in a worker subprocess (``python -m mrcnn_bench.running.worker``)
 by default (``RunOptions.isolate``), and always when it may never finish (``Case.bounded``: killed
 at the time limit, reported as "> limit" with the compile counts it reached), when its variant
 imports other code (``compare A B`` across two checkouts), or when it trains (its process flushes
-subnormal floats from the start: :func:`mrcnn_bench.backends.flush_subnormals`). A worker is
+subnormal floats from the start: :func:`mrcnn_bench.running.backends.flush_subnormals`). A worker is
 stopped (SIGSTOP, its whole process group) except during its own calls, so nothing of an idle row
 (runtime threads, inductor's compile workers) runs while another row is timed. The protocol is
-:mod:`mrcnn_bench.worker`'s.
+:mod:`mrcnn_bench.running.worker`'s.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ from typing import Any, Protocol
 
 import torch
 
-from mrcnn_bench import backends, timing
-from mrcnn_bench.cases import Row
-from mrcnn_bench.context import Context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running import backends
+from mrcnn_bench.running.cases import Row
+from mrcnn_bench.running.context import Context
+from mrcnn_bench.running.pipelines import Pipeline
 
 CallResult = tuple[float, Any, float, float]  # (seconds, result, peak memory GB, peak minus memory before GB)
 
@@ -108,7 +110,7 @@ def dies_with_parent() -> Callable[[], None] | None:
 
 
 class WorkerRow:
-    """A row run by ``python -m mrcnn_bench.worker`` in its own process group, stopped between calls.
+    """A row run by ``python -m mrcnn_bench.running.worker`` in its own process group, stopped between calls.
 
     The time limit (None: none) bounds set-up plus the first call (time to first result), and then
     each call.
@@ -131,14 +133,14 @@ class WorkerRow:
     def setup(self) -> None:
         """Start the worker and wait until it has built its model (counts against the first call)."""
         env = dict(os.environ)
-        harness = str(Path(__file__).resolve().parent.parent)
+        harness = str(Path(__file__).resolve().parents[2])  # bench/: where mrcnn_bench lies
         paths = [p for p in (self.row.variant.code, harness, env.get("PYTHONPATH")) if p]
         env["PYTHONPATH"] = os.pathsep.join(paths)
-        (self.dir / "row.json").write_text(json.dumps(self.row.to_dict()))
+        atomic_write((self.dir / "row.json"), json.dumps(self.row.to_dict()))
         self._log = open(self.dir / "worker.log", "wb")  # noqa: SIM115 (closed in close())
         self._set_deadline()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mrcnn_bench.worker", str(self.workdir), str(self.dir)],
+            [sys.executable, "-m", "mrcnn_bench.running.worker", str(self.workdir), str(self.dir)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, env=env,
             start_new_session=True,  # its own process group: killing it kills inductor's compile workers too
             preexec_fn=dies_with_parent(),

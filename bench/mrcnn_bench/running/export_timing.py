@@ -37,7 +37,10 @@ from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights
-from mrcnn_bench import backends, timing
+from mrcnn_bench.base import timing
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running import backends
 
 
 @dataclass(frozen=True)
@@ -74,13 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> ExportTimeOptions:
     if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if args.image is not None and not Path(args.image).is_file():
-        raise ValueError(f"--image: no such file: {args.image}")
+        raise UsageError(f"--image: no such file: {args.image}")
     if args.weights is not None and not Path(args.weights).is_file():
-        raise ValueError(f"--weights: no such file: {args.weights}")
+        raise UsageError(f"--weights: no such file: {args.weights}")
     return ExportTimeOptions(packages=tuple(args.packages), weights=args.weights, seed=args.seed, image=args.image,
                              rounds=args.rounds, ops_impl=args.ops_impl, threads=args.threads, out=args.out,
                              trust=args.trust_package)
@@ -95,10 +98,10 @@ def package_metas(packages: tuple[str, ...]) -> dict[str, tuple[str, ExportMeta]
     for path in packages:
         meta = read_meta(path)  # ValueError for a missing file or one mrcnn export did not write
         if meta.format in found:
-            raise ValueError(f"two {meta.format} packages: {found[meta.format][0]} and {path}; give one per format")
+            raise UsageError(f"two {meta.format} packages: {found[meta.format][0]} and {path}; give one per format")
         for other_path, other in found.values():
             if build(meta) != build(other):
-                raise ValueError(f"{path} ({meta.describe()}) was not built like {other_path} ({other.describe()})")
+                raise UsageError(f"{path} ({meta.describe()}) was not built like {other_path} ({other.describe()})")
         found[meta.format] = (path, meta)
     return found
 
@@ -118,7 +121,7 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], rounds: int, dev: torch.
 
     Also the fastest call and the median process CPU seconds per call (all threads), which a busy
     shared machine disturbs less than the median wall time. The quartiles are those of
-    ``statistics.quantiles`` (exclusive method); ``mrcnn-bench run``'s :func:`mrcnn_bench.store.median_iqr`
+    ``statistics.quantiles`` (exclusive method); ``mrcnn-bench run``'s :func:`mrcnn_bench.running.store.median_iqr`
     uses the inclusive method, whose IQR is narrower on few rounds, so IQRs of the two commands
     are not comparable.
     """
@@ -214,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
         meta = next(iter(metas.values()))[1]
         images = check_images(meta.canvas, meta.batch_size, opts.seed, opts.image)
         model = eager_model(meta, opts)
-    except (ValueError, OSError) as e:
+    except (UsageError, OSError) as e:
         print(f"mrcnn-bench export-time: error: {e}", file=sys.stderr)
         return 2
     report = check_and_time(model, {fmt: path for fmt, (path, _) in metas.items()}, images, opts.rounds, opts.trust)
@@ -224,7 +227,7 @@ def run(args: argparse.Namespace) -> int:
     _log_report(report)
     if opts.out:
         Path(opts.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(opts.out).write_text(json.dumps(report, indent=2, default=str) + "\n")
+        atomic_write(opts.out, json.dumps(report, indent=2, default=str) + "\n")
         _log(f"wrote {opts.out}")
     for problem in report["mismatches"]:
         print(f"mrcnn-bench export-time: outputs differ from eager: {problem} (were the packages exported "

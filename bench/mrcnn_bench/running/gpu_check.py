@@ -1,7 +1,7 @@
 """``mrcnn-bench gpu-check``: everything that needs a CUDA GPU, in one go, its records in one folder.
 
     make gpu-check                                               # -> out/gpu-check/
-    PYTHONPATH=$PWD:$PWD/bench python3 -m mrcnn_bench.cli gpu-check --out DIR   # no install
+    PYTHONPATH=$PWD:$PWD/bench python3 -m mrcnn_bench gpu-check --out DIR   # no install
 
 GPU machines come with their own PyTorch build (often another version than the pinned one, and no
 torch_xla), so the check runs the project from its source tree with whatever ``python`` has torch;
@@ -45,9 +45,11 @@ import torch
 from mrcnn.config import get_config
 from mrcnn.exits import FAILED, PASSED, UNDECIDED, guarded
 from mrcnn.export.cli import default_canvas
-from mrcnn_bench import backends, timing
+from mrcnn_bench.base import timing, vcs
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running import backends
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # The harness's CUDA rows, and the CPU row every run is compared with.
 CUDA_CASES = ("torchvision/eager,torchvision/cuda,static/cuda,static/cuda-inductor,static/cuda-inductor-bf16,"
               "torchvision/cuda-train,static/cuda-train")
@@ -114,7 +116,7 @@ def _verify_tests(folder: Path) -> str:
 def _rows(folder: Path, opts: GpuCheckOptions) -> list[list[str]]:
     # One image size: one canvas, so each compiled row compiles once (a stream of sizes would compile
     # each canvas it meets, minutes of the budget).
-    return [_python("-m", "mrcnn_bench.cli", "run", "--preset", "tiny", "--image-size", ROWS_IMAGE, "--cases",
+    return [_python("-m", "mrcnn_bench", "run", "--preset", "tiny", "--image-size", ROWS_IMAGE, "--cases",
                     CUDA_CASES, "--rounds", str(opts.rounds), "--out", str(folder), "--name", "cuda_rows_tiny",
                     "--no-progress", "--start-over")]  # a check measures afresh, over any earlier one's rounds
 
@@ -146,7 +148,7 @@ def _aoti(folder: Path, opts: GpuCheckOptions) -> list[list[str]]:
     # (one was seen on an H200 with torch 2.11) then names the package and leaves the other checked.
     build = _python("-m", "mrcnn.cli", "export", "--preset", "tiny", "--device", "cuda", "--out", str(folder),
                     "--sample-image", "240x320")
-    return [build, *(_python("-m", "mrcnn_bench.cli", "export-time", f"{stem}_{h}x{w}_b1.{fmt}.pt2", "--image",
+    return [build, *(_python("-m", "mrcnn_bench", "export-time", f"{stem}_{h}x{w}_b1.{fmt}.pt2", "--image",
                              str(folder / "sample.ppm"), "--rounds", str(opts.rounds * 4),
                              "--out", str(folder / f"export_time_{fmt}.json"))
                      for fmt in ("aoti", "exported"))]
@@ -182,11 +184,7 @@ def machine() -> dict[str, object]:
         info["driver"] = smi.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         info["driver"] = None
-    try:
-        info["commit"] = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                        text=True, timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    info["commit"] = vcs.output(REPO, "rev-parse", "HEAD") or None
     return info
 
 
@@ -283,7 +281,7 @@ def gpu_check(opts: GpuCheckOptions, log: Callable[[str], None] = print) -> int:
         log(f"[gpu-check] {r.name}: {r.verdict} in {r.seconds:.0f} s" + (f" ({r.why})" if r.why else ""))
         record = {"machine": info, "options": dataclasses.asdict(opts),
                   "steps": [dataclasses.asdict(r) for r in results]}
-        (opts.out / "gpu_check.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+        atomic_write((opts.out / "gpu_check.json"), json.dumps(record, indent=2, default=str) + "\n")
         (opts.out / "gpu_check.md").write_text(markdown(info, results))
     log(f"[gpu-check] wrote {opts.out / 'gpu_check.md'}")
     return exit_code(results)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from mrcnn.config import PRESETS
-from mrcnn_bench.backends import BACKENDS, unavailable
-from mrcnn_bench.cases import CASES, QUICK, TRACKED, default_time_limit, default_workload
+from mrcnn_bench.running.backends import BACKENDS, unavailable
+from mrcnn_bench.running.cases import CASES, QUICK, TRACKED, default_time_limit, default_workload
 
 
 def inventory() -> dict[str, Any]:

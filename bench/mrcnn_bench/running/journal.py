@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mrcnn_bench.base.errors import UsageError
+
 SUFFIX = ".rounds.jsonl"
 # A fault hook for the kill tests: the round whose line is written half, then the process SIGKILLs itself.
 TEAR_ENV = "MRCNN_BENCH_TEAR_JOURNAL_AT_ROUND"
@@ -38,7 +40,7 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 def check_name(name: str, what: str = "--name") -> str:
     """``name`` if it is a plain file stem, else ValueError: a name becomes paths inside --out."""
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name) or ".." in name:
-        raise ValueError(f"{what} must be a file stem of letters, digits, '.', '_' and '-' (it names the files "
+        raise UsageError(f"{what} must be a file stem of letters, digits, '.', '_' and '-' (it names the files "
                          f"written inside --out), got {name!r}")
     return name
 
@@ -64,7 +66,7 @@ def hold(path: Path) -> Any:
         f.seek(0)
         holder = f.read().strip() or "another process"
         f.close()
-        raise ValueError(f"{path} is being written by {holder}: one run per --out and --name at a time "
+        raise UsageError(f"{path} is being written by {holder}: one run per --out and --name at a time "
                          "(wait for it, or give another --name)") from None
     f.seek(0)
     f.truncate()
@@ -78,9 +80,9 @@ def open_for_run(out: str | None, name: str, resume: bool, start_over: bool) -> 
     checked before anything is measured; ValueError for flags that do not fit together or a journal
     that must not be overwritten (:func:`check_fresh`)."""
     if (resume or start_over) and not out:
-        raise ValueError("--resume and --start-over act on a run written with --out: give the same --out (and --name)")
+        raise UsageError("--resume and --start-over act on a run written with --out: give the same --out (and --name)")
     if resume and start_over:
-        raise ValueError("--resume continues the journal, --start-over discards it: give one")
+        raise UsageError("--resume continues the journal, --start-over discards it: give one")
     if not out:
         return None, None
     path = path_for(out, name)
@@ -95,7 +97,7 @@ def check_fresh(path: Path, start_over: bool) -> None:
     false (a forgotten --resume would otherwise destroy them)."""
     finished = sum(1 for line in read_lines(path) if isinstance(line, dict) and line.get("kind") == "round")
     if finished and not start_over:
-        raise ValueError(f"{path} holds {finished} finished round(s) of an interrupted run: --resume continues "
+        raise UsageError(f"{path} holds {finished} finished round(s) of an interrupted run: --resume continues "
                          "it, --start-over discards it")
 
 
@@ -199,26 +201,26 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
 def read(path: Path, key: dict[str, Any]) -> Journal:
     """The journal at ``path``; ValueError if it is missing, unreadable, or of another run than ``key``."""
     if not path.is_file():
-        raise ValueError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
+        raise UsageError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
     lines = read_lines(path)
     if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "start" \
             or not isinstance(lines[0].get("key"), dict):
-        raise ValueError(f"--resume: {path} is not a run journal")
+        raise UsageError(f"--resume: {path} is not a run journal")
     theirs, key = lines[0]["key"], json.loads(json.dumps(key, default=_plain))  # tuples as JSON lists
     differ = sorted(k for k in {*theirs, *key} if theirs.get(k) != key.get(k))
     if differ:
-        raise ValueError(f"--resume: {path} is from a different run ({', '.join(differ)} differ); "
+        raise UsageError(f"--resume: {path} is from a different run ({', '.join(differ)} differ); "
                          "give the same options as the interrupted run")
     journal = Journal(theirs)
     for number, line in enumerate(lines[1:], start=2):
         if isinstance(line, dict) and line.get("kind") == "round" and line.get("round") == len(journal.rounds):
             rows, machine = _round(line), line.get("machine", {})
             if rows is None or not isinstance(machine, dict):
-                raise ValueError(f"--resume: {path} line {number} is not a round of this harness")
+                raise UsageError(f"--resume: {path} line {number} is not a round of this harness")
             wrong = [n for n, r in rows.items() if r.seconds is not None and not (
                 isinstance(r.seconds, (int, float)) and 0 <= r.seconds < float("inf"))]
             if wrong:
-                raise ValueError(f"--resume: {path} line {number}: seconds of {', '.join(wrong)} are not a time "
+                raise UsageError(f"--resume: {path} line {number}: seconds of {', '.join(wrong)} are not a time "
                                  "(finite, >= 0)")
             journal.rounds.append(rows)
             journal.machine.append(machine)

@@ -5,14 +5,14 @@ forward, box rescale and mask pasting included). A training call is one SGD step
 backward, update) on ``TRAIN_BATCH`` images with their targets.
 
 The model (:data:`MODELS`, by implementation) is built, moved to the backend's device and, for a
-variant with a slowdown, hooked (:func:`mrcnn_bench.slowdown.inject_slowdown`); then the builder
+variant with a slowdown, hooked (:func:`mrcnn_bench.running.slowdown.inject_slowdown`); then the builder
 of the case's compiler (:data:`PIPELINES`, by name) turns it into the forward that is timed. A
 new way of compiling is one more builder::
 
     @register_pipeline("my_compiler")
     def build_mine(model: nn.Module, case: Case, slowdown: float) -> Compiled: ...
 
-Implementations and compilers registered by users' modules (:func:`mrcnn_bench.cases.add_case`)
+Implementations and compilers registered by users' modules (:func:`mrcnn_bench.running.cases.add_case`)
 name their builders as ``"module:function"``; they are imported when a row first needs them.
 """
 
@@ -34,10 +34,11 @@ from mrcnn.reference import torchvision_model
 from mrcnn.structures import Detections, ImageBatch, Targets
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights
-from mrcnn_bench import backends
-from mrcnn_bench.cases import COMPILERS, IMPLEMENTATIONS, TRAIN_BATCH, Case, Row
-from mrcnn_bench.context import Context, Sample
-from mrcnn_bench.slowdown import inject_slowdown
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.running import backends
+from mrcnn_bench.running.cases import COMPILERS, IMPLEMENTATIONS, TRAIN_BATCH, Case, Row
+from mrcnn_bench.running.context import Context, Sample
+from mrcnn_bench.running.slowdown import inject_slowdown
 
 Outputs = list[dict[str, Tensor]]  # torchvision-style, one dict per image (boxes, labels, scores, masks)
 
@@ -152,12 +153,12 @@ def build_frozen(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     graphs), inference only. Static: one graph per canvas, as the inductor row; torchvision with its
     graph breaks and dynamo's default shapes, as its inductor row."""
     if _set_buckets(model):
-        raise ValueError("the frozen rows compile the single graph; mask_detection_buckets: run them without it")
+        raise UsageError("the frozen rows compile the single graph; mask_detection_buckets: run them without it")
     try:
         # Imported here: a checkout compared against (worker rows import its mrcnn) may predate it.
         from mrcnn.frozen import FrozenInference
     except ImportError:
-        raise ValueError("this checkout's mrcnn has no mrcnn.frozen: the frozen rows cannot run on it") from None
+        raise UsageError("this checkout's mrcnn has no mrcnn.frozen: the frozen rows cannot run on it") from None
     static = case.interface == "static"
     frozen = FrozenInference(model, fullgraph=static, dynamic=False if static else None)
     return Compiled(frozen, backends.dynamo_counters)
@@ -165,13 +166,13 @@ def build_frozen(model: nn.Module, case: Case, slowdown: float) -> Compiled:
 
 def _build_deployed(model: nn.Module, fmt: str, slowdown: float) -> Compiled:
     if _set_buckets(model):
-        raise ValueError(
+        raise UsageError(
             f"the {fmt} rows deploy the single graph (one package per canvas); mask_detection_buckets "
             "has no deployed form: run these rows without it"
         )
     # Imported here: only these rows need the export stack, and a checkout compared against
     # (worker rows import its mrcnn) may not have it.
-    from mrcnn_bench.deploy import DeployOnFirstCall
+    from mrcnn_bench.running.deploy import DeployOnFirstCall
 
     deploy = DeployOnFirstCall(model, fmt)
     exported = getattr(deploy, "model", model)
@@ -229,7 +230,7 @@ def _resolve(path: str, what: str) -> Callable[..., Any]:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as e:
-        raise ValueError(f"{what} builder {path!r} cannot be loaded ({type(e).__name__}: {e})") from None
+        raise UsageError(f"{what} builder {path!r} cannot be loaded ({type(e).__name__}: {e})") from None
 
 
 def model_builder(impl: str) -> Callable[[Config, dict[str, Tensor]], nn.Module]:
@@ -352,7 +353,7 @@ class Pipeline:
         params = [p for p in self.model.parameters() if p.requires_grad]
         optimizer = torch.optim.SGD(params, lr=SGD_LR, momentum=SGD_MOMENTUM, weight_decay=SGD_WEIGHT_DECAY)
         if not samples:
-            raise ValueError(f"{self.case.name}: a training row needs training samples (none in the run's context)")
+            raise UsageError(f"{self.case.name}: a training row needs training samples (none in the run's context)")
         batches = [samples[i : i + TRAIN_BATCH] for i in range(0, len(samples), TRAIN_BATCH)]
         inputs = [self._training_inputs(b) for b in batches]
 

@@ -19,10 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from mrcnn_bench import backends
-from mrcnn_bench.cases import Row
-from mrcnn_bench.context import Context
-from mrcnn_bench.pipelines import Pipeline, inference_staged
+from mrcnn_bench.running import backends
+from mrcnn_bench.running.cases import Row
+from mrcnn_bench.running.context import Context
+from mrcnn_bench.running.pipelines import Pipeline, inference_staged
 
 # The longest one probe call should take. A kernel with no fast path on this CPU (a bf16 matmul
 # without AVX-512 BF16 or AMX falls back to a loop orders of magnitude slower) would hold the run
@@ -104,7 +104,7 @@ def count_flops(fn: Callable[[], Any]) -> float:
 
 def auto_staged(row: Row, ctx: Context) -> bool | None:
     """For a static inference row whose config leaves ``mask_detection_buckets`` at "auto": whether
-    the row runs the mask branch staged (:func:`mrcnn_bench.pipelines.inference_staged`); None for
+    the row runs the mask branch staged (:func:`mrcnn_bench.running.pipelines.inference_staged`); None for
     every other row."""
     if row.case.interface != "static" or row.case.phase != "inference":
         return None
@@ -129,7 +129,7 @@ def case_flops(row: Row, ctx: Context) -> float:
 def machine_state(pids: list[int] | None = None) -> dict[str, float]:
     """What else was using the machine: load average, available memory, resident sizes (GB), and the
     cumulative CPU seconds of the whole machine and of this run's own processes (``cpu_busy_s``,
-    ``own_cpu_s``, ``steal_s``, at ``wall_s``), from which :func:`mrcnn_bench.run_notes.other_load` tells
+    ``own_cpu_s``, ``steal_s``, at ``wall_s``), from which :func:`mrcnn_bench.reports.run_notes.other_load` tells
     how many cores other processes used between two states. The 1-minute load average alone counts
     the run's own threads."""
     state: dict[str, float] = {"loadavg_1m": os.getloadavg()[0], "wall_s": time.monotonic()}

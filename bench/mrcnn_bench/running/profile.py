@@ -20,10 +20,10 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mrcnn_bench import timing
-from mrcnn_bench.cases import CASES, Row
-from mrcnn_bench.context import Context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.base import timing
+from mrcnn_bench.running.cases import CASES, Row
+from mrcnn_bench.running.context import Context
+from mrcnn_bench.running.pipelines import Pipeline
 
 _STAGE_MODULES = (
     "backbone", "rpn.head", "rpn", "roi_heads.box_head", "roi_heads.box_predictor", "roi_heads.mask_head",

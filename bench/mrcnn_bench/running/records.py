@@ -9,7 +9,7 @@ A run file (``mrcnn-bench run --out DIR`` writes ``DIR/<name>.json``) is::
 Every record repeats the environment (commit, versions, device names, threads, seed, host) as
 ``env_<key>`` entries, so records from several machines and commits can be concatenated into one
 table without losing where each came from. :meth:`Record.to_dict` gives exactly those keys (the
-JSON form, NaN where a value is missing; :mod:`mrcnn_bench.store` writes NaN as null), and
+JSON form, NaN where a value is missing; :mod:`mrcnn_bench.running.store` writes NaN as null), and
 :meth:`Record.from_dict` reads them back, null as NaN.
 """
 
@@ -22,10 +22,11 @@ from typing import Any, Literal
 
 import torch
 
-from mrcnn_bench.backends import Backend
-from mrcnn_bench.cases import TRAIN_BATCH, Phase, Precision, Row, Workload
-from mrcnn_bench.journal import check_name
-from mrcnn_bench.parity import aggregate_parity
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.running.backends import Backend
+from mrcnn_bench.running.cases import TRAIN_BATCH, Phase, Precision, Row, Workload
+from mrcnn_bench.running.journal import check_name
+from mrcnn_bench.running.parity import aggregate_parity
 
 SCHEMA = 1
 NAN = math.nan
@@ -61,7 +62,7 @@ class Record:
     """One row of a run, flat: what the tables, ``compare`` and the dashboard read.
 
     Counts (compiles, graphs, breaks) are floats so that "not applicable" can be NaN. The slowdown
-    of a variant (:attr:`mrcnn_bench.cases.Variant.slowdown`) is listed in ``variant_overrides`` as
+    of a variant (:attr:`mrcnn_bench.running.cases.Variant.slowdown`) is listed in ``variant_overrides`` as
     ``inject_slowdown``, the name it had when it was a config field, so run files read as before.
     """
 
@@ -132,14 +133,14 @@ class Record:
         """A record from its JSON form (null as NaN); missing keys take their defaults."""
         unknown = [k for k in d if k not in _FIELD_NAMES and not k.startswith("env_")]
         if unknown:
-            raise ValueError(f"not a record: unknown key(s) {unknown}")
+            raise UsageError(f"not a record: unknown key(s) {unknown}")
         values = {k: (NAN if v is None and k in _FLOAT_FIELDS else v) for k, v in d.items() if k in _FIELD_NAMES}
         bad = [k for k in _FLOAT_FIELDS & set(values) if not _is_number(values[k])]
         if bad:
-            raise ValueError(f"record {d.get('row')!r}: {', '.join(sorted(bad))} must be numbers or null")
+            raise UsageError(f"record {d.get('row')!r}: {', '.join(sorted(bad))} must be numbers or null")
         times = values.get("times_s", [])
         if not isinstance(times, list) or not all(_is_number(t) and math.isfinite(t) and t >= 0 for t in times):
-            raise ValueError(f"record {d.get('row')!r}: times_s must be a list of seconds (finite, >= 0)")
+            raise UsageError(f"record {d.get('row')!r}: times_s must be a list of seconds (finite, >= 0)")
         env = {k[len("env_"):]: v for k, v in d.items() if k.startswith("env_")}
         return cls(**values, env=env)
 
@@ -169,7 +170,7 @@ class RunInfo:
     options: dict[str, Any] = field(default_factory=dict)  # rounds, warmup, seed, cache, COCO root, overrides
     interrupted: str = ""  # the signal that stopped the run (SIGTERM, SIGINT) before its last round
     resumed_from_round: int = 0  # rounds read back from the journal of an interrupted run (--resume)
-    ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.ceiling.Ceiling, as a dict
+    ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.running.ceiling.Ceiling, as a dict
     stage_flops: dict[str, dict[str, float]] = field(default_factory=dict)  # --profile: FLOPs by implementation, stage
 
     @property
@@ -190,7 +191,7 @@ class RunInfo:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = [k for k in d if k not in names]
         if unknown:
-            raise ValueError(f"not a run's information: unknown key(s) {unknown}")
+            raise UsageError(f"not a run's information: unknown key(s) {unknown}")
         floats = {f.name for f in dataclasses.fields(cls) if f.type == "float"}
         values = {k: (NAN if v is None and k in floats else v) for k, v in d.items()}  # null: NaN, as written
         if "workload" in d:
@@ -219,7 +220,7 @@ class RunDocument:
     def from_dict(cls, d: dict[str, Any]) -> RunDocument:
         """ValueError unless ``d`` is a run file of :data:`SCHEMA`."""
         if not isinstance(d, dict) or d.get("schema") != SCHEMA or not isinstance(d.get("records"), list):
-            raise ValueError(f"not an mrcnn-bench run file (schema {SCHEMA} with 'records')")
+            raise UsageError(f"not an mrcnn-bench run file (schema {SCHEMA} with 'records')")
         # The name becomes the report's file names: a path in it would write outside --out.
         return cls(check_name(d.get("name"), "its 'name'"), d["environment"], RunInfo.from_dict(d["run"]),
                    [Record.from_dict(r) for r in d["records"]], d["schema"])
@@ -260,7 +261,7 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
     measured = med == med
     images_per_call = TRAIN_BATCH if case.phase == "training" else workload.batch_size
     tag = "bf16" if case.precision == "bf16" else "fp32"
-    # The machine's fixed ceiling (mrcnn_bench.ceiling) where measured; older run files: their kernel peaks.
+    # The machine's fixed ceiling (mrcnn_bench.running.ceiling) where measured; older run files: their kernel peaks.
     peak = run.ceiling.get(f"{tag}_gflops", NAN) if run.ceiling else NAN
     if peak != peak:
         peak = max((v for k, v in run.peaks.items() if k.endswith(tag)), default=NAN)

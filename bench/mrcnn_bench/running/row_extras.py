@@ -16,14 +16,14 @@ from collections.abc import Callable
 from mrcnn.data.coco import CocoDataset
 from mrcnn.data.synthetic import generate
 from mrcnn.evaluate import CocoEvaluator
-from mrcnn_bench.cases import Variant
-from mrcnn_bench.context import Context
-from mrcnn_bench.execution import InProcessRow, RowRunner
-from mrcnn_bench.pipelines import Pipeline
-from mrcnn_bench.probes import auto_staged, case_flops
-from mrcnn_bench.records import RowResult
+from mrcnn_bench.running.cases import Variant
+from mrcnn_bench.running.context import Context
+from mrcnn_bench.running.execution import InProcessRow, RowRunner
+from mrcnn_bench.running.pipelines import Pipeline
+from mrcnn_bench.running.probes import auto_staged, case_flops
+from mrcnn_bench.running.records import RowResult
 
-Log = Callable[[str], None]  # the run's log line (mrcnn_bench.runner.log)
+Log = Callable[[str], None]  # the run's log line (mrcnn_bench.running.runner.log)
 
 
 def count_row_flops(results: list[RowResult], ctx: Context, log: Log) -> None:

@@ -7,14 +7,14 @@ so slow drift of a shared machine hits every row alike. The first call of a row 
 use (:func:`warmup_calls`), so no compilation lands in a round; the rounds give the median and IQR
 of steady state.
 
-What a call is: :mod:`mrcnn_bench.pipelines`. Where a row runs: :mod:`mrcnn_bench.execution`; by
+What a call is: :mod:`mrcnn_bench.running.pipelines`. Where a row runs: :mod:`mrcnn_bench.running.execution`; by
 default each row in a worker process of its own, stopped while the other rows run
 (``RunOptions.isolate``), so a row's figures do not depend on its neighbours. Parity is checked
 on the timed outputs themselves: each inference row against the reference row (torchvision eager)
 of its variant, on the same images.
 
 A run with a journal (``RunOptions.journal``: ``mrcnn-bench run --out``) appends each finished
-round to it (:mod:`mrcnn_bench.journal`) and turns SIGTERM and SIGINT into a clean stop: the rounds
+round to it (:mod:`mrcnn_bench.running.journal`) and turns SIGTERM and SIGINT into a clean stop: the rounds
 finished so far are returned with the run marked interrupted. ``resume`` reads the journal back, sets
 up and warms up every row again, and times the remaining rounds only.
 """
@@ -40,15 +40,16 @@ from unittest import mock
 import torch
 
 from mrcnn.progress import progress
-from mrcnn_bench import backends, ceiling, defaults, journal, timing
-from mrcnn_bench.cases import Case, Row, Workload
-from mrcnn_bench.context import Context, ContextOptions, make_context, save_context
-from mrcnn_bench.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
-from mrcnn_bench.parity import parity_stats
-from mrcnn_bench.probes import machine_state, measure_peaks
-from mrcnn_bench.profile import profile_stages
-from mrcnn_bench.records import RowResult, RunInfo
-from mrcnn_bench.row_extras import count_row_flops, evaluate_rows
+from mrcnn_bench.base import defaults, timing
+from mrcnn_bench.running import backends, ceiling, journal
+from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.context import Context, ContextOptions, make_context, save_context
+from mrcnn_bench.running.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
+from mrcnn_bench.running.parity import parity_stats
+from mrcnn_bench.running.probes import machine_state, measure_peaks
+from mrcnn_bench.running.profile import profile_stages
+from mrcnn_bench.running.records import RowResult, RunInfo
+from mrcnn_bench.running.row_extras import count_row_flops, evaluate_rows
 
 
 @dataclass

@@ -6,7 +6,7 @@ reduced to an exact zero, to the first FPN level. It needs nothing but ``model.b
 ``model.backbone.body``, so it applies alike to this repository's model at any commit (``compare``
 across checkouts) and to torchvision's.
 
-``mrcnn-bench compare --inject-slowdown 0.1`` applies it to B (:attr:`mrcnn_bench.cases.Variant.slowdown`);
+``mrcnn-bench compare --inject-slowdown 0.1`` applies it to B (:attr:`mrcnn_bench.running.cases.Variant.slowdown`);
 ``bench/studies/gate_error_rates/error_rates.py`` measures the slowdown it gives and the gate's detection
 rate against it.
 """

@@ -1,6 +1,6 @@
 """Run files on disk: the environment each record carries, JSON out (NaN as null), JSON in.
 
-The file format is :class:`mrcnn_bench.records.RunDocument`'s; this module adds where it came from
+The file format is :class:`mrcnn_bench.running.records.RunDocument`'s; this module adds where it came from
 (:func:`environment`: commit, versions, devices, host) and the reading and writing.
 """
 
@@ -13,8 +13,6 @@ import math
 import os
 import platform
 import socket
-import subprocess
-import tempfile
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -22,10 +20,13 @@ from typing import Any
 
 import torch
 
-from mrcnn_bench.records import SCHEMA, RunDocument
+from mrcnn_bench.base import vcs
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.running.records import SCHEMA, RunDocument
 
-# The repository this harness lives in: bench/mrcnn_bench/store.py -> the root (git commands, results/).
-REPO = Path(__file__).resolve().parents[2]
+# The repository this harness lives in: bench/mrcnn_bench/running/store.py -> the root (git commands, results/).
+REPO = Path(__file__).resolve().parents[3]
 
 
 def environment(threads: int, seed: int) -> dict[str, Any]:
@@ -50,8 +51,8 @@ def environment(threads: int, seed: int) -> dict[str, Any]:
         except PackageNotFoundError:
             env[dist] = None
     env.update(cpu_environment())
-    env["commit"] = git("rev-parse", "HEAD")
-    status = git("status", "--porcelain", "--untracked-files=no")
+    env["commit"] = vcs.output(REPO, "rev-parse", "HEAD")
+    status = vcs.output(REPO, "status", "--porcelain", "--untracked-files=no")
     env["dirty"] = None if status is None else bool(status)
     return env
 
@@ -82,15 +83,6 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return cpuinfo_fields(cpuinfo).get("model name") or platform.processor() or None
 
 
-def git(*args: str, cwd: Path = REPO) -> str | None:
-    """``git ARGS`` in ``cwd``: its stdout, or None when git fails or is absent."""
-    try:
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
 def _json_default(x: Any) -> Any:
     if isinstance(x, (Path, torch.dtype)):
         return str(x)
@@ -118,22 +110,8 @@ def dumps(doc: RunDocument) -> str:
 def save(doc: RunDocument, path: Path) -> Path:
     """Write the run file whole or not at all: a crash mid-write leaves the previous file in place."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, dumps(doc))
+    atomic_write(path, dumps(doc))
     return path
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """``path.write_text(text)`` through a temporary file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load(path: str | Path) -> RunDocument:
@@ -142,13 +120,13 @@ def load(path: str | Path) -> RunDocument:
     try:
         raw = json.loads(path.read_text())
     except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})") from None
+        raise UsageError(f"{path}: cannot read ({e.strerror})") from None
     except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from None
+        raise UsageError(f"{path}: not JSON ({e})") from None
     try:
         return RunDocument.from_dict(raw)
     except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise UsageError(f"{path}: {e}") from None
 
 
 def _claims_schema(path: Path) -> bool:
@@ -175,5 +153,5 @@ def load_runs(paths: Iterable[str | Path]) -> list[tuple[Path, RunDocument]]:
                     continue  # other JSON in a results folder
                 raise  # a run file that is damaged: never skipped without a word
     if not runs:
-        raise ValueError(f"no mrcnn-bench run files in {list(map(str, paths))}")
+        raise UsageError(f"no mrcnn-bench run files in {list(map(str, paths))}")
     return runs

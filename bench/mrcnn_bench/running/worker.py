@@ -1,11 +1,11 @@
-"""A row in its own process: ``python -m mrcnn_bench.worker RUN_DIR ROW_DIR``.
+"""A row in its own process: ``python -m mrcnn_bench.running.worker RUN_DIR ROW_DIR``.
 
 JSON commands arrive on stdin (``{"cmd": "call", "index": i, "out": path}`` or ``{"cmd": "exit"}``);
 replies go to the original stdout, one JSON line each; the call's result is saved to ``out``.
 Everything else that prints (torch, XLA) goes to ``ROW_DIR/worker.log``. A heartbeat thread writes
 ``ROW_DIR/status.json`` (phase, compile counters) twice a second, so a worker killed at its time
 limit still tells how far it got. A training row's worker treats subnormal floats as zero from its
-first statement on (:func:`mrcnn_bench.backends.flush_subnormals`), before any CPU thread exists.
+first statement on (:func:`mrcnn_bench.running.backends.flush_subnormals`), before any CPU thread exists.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mrcnn_bench.base.files import atomic_write
 
 
 def import_mrcnn_from(code: str) -> None:
@@ -49,9 +51,8 @@ class _Status:
 
     def write(self) -> None:
         self.state["elapsed_s"] = time.monotonic() - self.t_start
-        tmp = self.row_dir / "status.json.tmp"
-        tmp.write_text(json.dumps(self.state))
-        os.replace(tmp, self.row_dir / "status.json")
+        # Rewritten twice a second and read by the parent: whole, but not flushed to disk each time.
+        atomic_write(self.row_dir / "status.json", json.dumps(self.state), durable=False)
 
     def beat(self) -> None:
         while True:
@@ -77,8 +78,8 @@ def main(run_dir: Path, row_dir: Path) -> int:
         # (they import no mrcnn), so that the row can flush subnormals before any CPU thread exists.
         import torch
 
-        from mrcnn_bench.backends import dynamo_reasons, flush_subnormals
-        from mrcnn_bench.cases import Row
+        from mrcnn_bench.running.backends import dynamo_reasons, flush_subnormals
+        from mrcnn_bench.running.cases import Row
 
         row = Row.from_dict(spec)
         if row.case.flushes_subnormals:
@@ -86,9 +87,9 @@ def main(run_dir: Path, row_dir: Path) -> int:
         if spec["variant"]["code"]:
             import_mrcnn_from(spec["variant"]["code"])
         # Imported only now: these import mrcnn, which must be the variant's checkout set above.
-        from mrcnn_bench.context import load_context
-        from mrcnn_bench.execution import timed_call
-        from mrcnn_bench.pipelines import Pipeline
+        from mrcnn_bench.running.context import load_context
+        from mrcnn_bench.running.execution import timed_call
+        from mrcnn_bench.running.pipelines import Pipeline
 
         ctx = load_context(run_dir)
         torch.set_num_threads(ctx.threads)

@@ -40,7 +40,7 @@ from pathlib import Path
 from scipy import stats
 
 from mrcnn.recipes import get_recipe
-from mrcnn_bench.accuracy_baseline import (
+from mrcnn_bench.gates.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
     GATED_METRICS,

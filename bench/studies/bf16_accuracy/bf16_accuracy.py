@@ -41,8 +41,10 @@ from mrcnn.model import MaskRCNN  # noqa: E402
 from mrcnn.recipes import get_recipe  # noqa: E402
 from mrcnn.reference import torchvision_model  # noqa: E402
 from mrcnn.weights import load_torchvision_weights  # noqa: E402
-from mrcnn_bench import store, timing  # noqa: E402
-from mrcnn_bench.fixed_accuracy import Fixture  # noqa: E402
+from mrcnn_bench.base import timing, vcs  # noqa: E402
+from mrcnn_bench.base.files import atomic_write  # noqa: E402
+from mrcnn_bench.history.fixed_accuracy import Fixture  # noqa: E402
+from mrcnn_bench.running import store  # noqa: E402
 
 GOAL = 0.005  # |bf16 AP - fp32 AP|, boxes and masks
 ROWS = (  # (model, compiler, precision)
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict] = dict(old.get("rows", {})) if same else {}
     summary: dict[str, Any] = {
         "command": " ".join(["python bench/studies/bf16_accuracy/bf16_accuracy.py", *(argv or sys.argv[1:])]),
-        "commit": store.git("rev-parse", "--short", "HEAD"), "torch": torch.__version__,
+        "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "fixture": {k: meta[k] for k in ("recipe", "model_sha256")},
         "images": args.images, "seed": args.seed, "objects": len(dataset.coco.getAnnIds()), "goal": GOAL,
@@ -147,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         rows[name] = score(row, state, meta["recipe"], dataset)
         print(f"{name}: box AP {rows[name]['box_ap']:.4f}, mask AP {rows[name]['mask_ap']:.4f}", file=sys.stderr)
         summary.update(rows=rows, verdicts=verdicts(rows))
-        store.write_atomic(path, json.dumps(summary, indent=1) + "\n")
-    store.write_atomic(args.out / "bf16_accuracy.md", markdown(summary))
+        atomic_write(path, json.dumps(summary, indent=1) + "\n")
+    atomic_write(args.out / "bf16_accuracy.md", markdown(summary))
     print(markdown(summary))
     return 0 if all(v["met"] for v in summary["verdicts"]) else 1
 

@@ -29,8 +29,8 @@ from mrcnn.model import MaskRCNN
 from mrcnn.parity import match_detections
 from mrcnn.reference import torchvision_model
 from mrcnn.weights import load_torchvision_weights, synthetic_weights
-from mrcnn_bench.cases import stream_sizes
-from mrcnn_bench.context import stream_images
+from mrcnn_bench.running.cases import stream_sizes
+from mrcnn_bench.running.context import stream_images
 
 CRITERIA = ((0.9, 0.02), (0.9, 0.05), (0.8, 0.05), (0.5, 0.1))  # (box IoU at least, score within)
 HEADS = ("rpn.head", "roi_heads.box_head", "roi_heads.box_predictor", "roi_heads.mask_head",

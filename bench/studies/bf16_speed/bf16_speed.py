@@ -8,13 +8,13 @@ The harness's ``static/inductor`` and ``static/inductor-bf16`` rows in one proce
 ``torch.compile(fullgraph=True, dynamic=False)``, called on one textured image's ``ImageBatch`` under
 no_grad, in fp32 and under ``torch.autocast("cpu", torch.bfloat16)`` (a second graph of the same
 compile). Every round calls each once, the order reversed every other round
-(:mod:`mrcnn_bench.onoff`; resumable): the median per-round ratio bf16 / fp32 with its 95% interval.
+(:mod:`studies.onoff`; resumable): the median per-round ratio bf16 / fp32 with its 95% interval.
 
 Then ``--profile-calls`` calls of each under ``torch.profiler``, whose operators' self times are
 summed into parts: convolutions and matrix products (what bf16 can speed up), torchvision's RoIAlign
 kernel, copies, the compiled graph's own kernels, NMS, the rest. From the fp32 parts it predicts the
 bf16 call if the convolutions and matrix products ran at the kernel-rate ratio the harness's probe
-measures in the same run (``mrcnn_bench.probes.measure_peaks``: a channels-last 3x3 convolution,
+measures in the same run (``mrcnn_bench.running.probes.measure_peaks``: a channels-last 3x3 convolution,
 bf16 against fp32) and every other part took as long as in fp32. Writes ``OUT/bf16_speed.jsonl``
 (the timed calls), ``OUT/bf16_speed.json`` and ``OUT/bf16_speed.md``.
 """
@@ -31,7 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
 import torch
+from studies.onoff import paired, run_rounds
 from torch.profiler import ProfilerActivity, profile
 
 import mrcnn
@@ -39,11 +42,15 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store, timing
-from mrcnn_bench.cli_args import parse_size
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.onoff import paired, run_rounds
-from mrcnn_bench.probes import measure_peaks
+from mrcnn_bench.base import (
+    timing,
+    vcs,
+)
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.cli.args import parse_size
+from mrcnn_bench.running import store
+from mrcnn_bench.running.journal import read_lines
+from mrcnn_bench.running.probes import measure_peaks
 
 REPO = Path(__file__).resolve().parents[3]
 # Operator (profiler key) -> part; anything not listed is "other". The compiled graph's own kernels
@@ -122,18 +129,18 @@ def main(argv: list[str] | None = None) -> None:
     predicted = sum(fp32.values()) - fp32.get(SPEEDS_UP, 0.0) * (1 - 1 / kernel_speedup)
     summary = {
         "command": "python bench/studies/bf16_speed/bf16_speed.py " + " ".join(argv),
-        "commit": store.git("rev-parse", "--short", "HEAD"),
+        "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"),
         # the checkout whose mrcnn was imported (PYTHONPATH may name another than the script's)
-        "library_commit": store.git("rev-parse", "--short", "HEAD", cwd=Path(mrcnn.__file__).parent),
+        "library_commit": vcs.output(Path(mrcnn.__file__).parent, "rev-parse", "--short", "HEAD"),
         "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "size": size_key, "first_call_s": first, "bf16_over_fp32": ratio, "parts_s_per_call": parts,
         "kernel_rates_gflops": peaks, "kernel_speedup": kernel_speedup,
         "predicted_bf16_over_fp32": predicted / sum(fp32.values()),
     }  # fmt: skip
-    store.write_atomic(opts.out / "bf16_speed.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write(opts.out / "bf16_speed.json", json.dumps(summary, indent=1) + "\n")
     text = _markdown(summary)
-    store.write_atomic(opts.out / "bf16_speed.md", text)
+    atomic_write(opts.out / "bf16_speed.md", text)
     print(text)
 
 

@@ -3,7 +3,7 @@
     python bench/studies/change_point_power/aa_history_csv.py SPREAD_CSV OUT_CSV
     mrcnn-bench steps --series OUT_CSV
 
-SPREAD_CSV is the ``spread.csv`` of ``bench/tools/history_spread.py``; OUT_CSV gets the columns
+SPREAD_CSV is the ``spread.csv`` of ``mrcnn-bench asv spread``; OUT_CSV gets the columns
 ``metric, commit, value`` that ``mrcnn-bench steps --series`` reads: every held ratio and every stage
 ratio, each run a "commit" (``run_1``, ``run_2``, ...) in run order. A change point in it is a false
 alarm, or a change of machine between runs.

@@ -7,7 +7,7 @@ A simulation from measured noise: for each tracked ratio of an A/A study (one co
 times: ``spread.csv`` of ``make asv-spread``), each history is ``--commits`` values drawn with
 replacement from that ratio's N measured values, times ``1 + step`` from a commit drawn uniformly
 among those at least 3 from either end. All histories go through the method of
-:mod:`mrcnn_bench.changepoints` with its fixed settings, unchanged. A step is found when a
+:mod:`mrcnn_bench.changes.changepoints` with its fixed settings, unchanged. A step is found when a
 regression change point lies within one commit of it; every other change point is a false one.
 Power is given with its 95% Wilson interval, false change points per 100 commits with an exact
 Poisson interval. Seeded: the same arguments give the same table.
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from mrcnn_bench import changepoints
+from mrcnn_bench.changes import changepoints
 
 MARGIN = 3  # a step starts at least this many commits from either end
 NEAR = 1  # found: a regression change point within this many commits of the step

@@ -26,7 +26,7 @@ measure() {  # $1: checkout to measure (its mrcnn and its harness), $2: log
              "family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs) model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores"
         (cd "$tree" && PYTHONPATH="$tree:$tree/bench" /usr/bin/time -f "%e s total" "$py" -c '
 import json
-from mrcnn_bench.history import measure_commit
+from mrcnn_bench.history.commit import measure_commit
 r = measure_commit().to_dict()
 print(json.dumps({k: {c: p["seconds"] for c, p in v.items()} for k, v in r.items() if k != "accuracy"}))
 print("accuracy", r["accuracy"]["seconds"], r["accuracy"]["record"])

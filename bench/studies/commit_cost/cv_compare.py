@@ -3,7 +3,7 @@
 
     python bench/studies/commit_cost/cv_compare.py LABEL=DIR [LABEL=DIR ...] [--out FILE.md]
 
-Each DIR is an A/A study's folder (``spread.csv`` of ``bench/tools/history_spread.py``). The
+Each DIR is an A/A study's folder (``spread.csv`` of ``mrcnn-bench asv spread``). The
 interval of a coefficient of variation from n runs is the chi-square interval of a standard
 deviation, (n - 1) s^2 / sigma^2 ~ chi2(n - 1), scaled by the mean: with 3 or 5 runs it is wide,
 and the table says so rather than ranking two values that it cannot tell apart. A second table

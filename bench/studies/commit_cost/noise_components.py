@@ -2,7 +2,7 @@
 
     python bench/studies/commit_cost/noise_components.py LABEL=DIR [LABEL=DIR ...] [--out FILE.md]
 
-Each DIR is an A/A study's folder (``run_K.json`` of ``bench/tools/history_spread.py``): the same
+Each DIR is an A/A study's folder (``run_K.json`` of ``mrcnn-bench asv spread``): the same
 commit measured K times, each run's record holding every timed round of every process. Per study
 and ratio the table gives
 

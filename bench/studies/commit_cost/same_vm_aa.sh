@@ -6,8 +6,9 @@
 #   bash bench/studies/commit_cost/same_vm_aa.sh REF RUNS PER_CASE_OUT SHARED_OUT
 #   bash bench/studies/commit_cost/same_vm_aa.sh --plans REF RUNS PLAN_0_OUT PLAN_1_OUT
 #
-# Run k of the per-case way is REF's own harness (`history_spread.py --runs k`, in a worktree of
-# REF); run k of the shared rounds is this checkout's harness on REF's mrcnn, as asv measures a
+# Run k of the per-case way is REF's own harness (`bench/tools/history_spread.py --runs k`, in a
+# worktree of REF, which predates `mrcnn-bench asv spread`); run k of the shared rounds is this
+# checkout's harness (`python -m mrcnn_bench asv spread --runs k`) on REF's mrcnn, as asv measures a
 # commit. With --plans both sides are this checkout's shared rounds and differ only in the process
 # that times inductor (`--compiled-from 0`: the one that ran its compile probe, the suite's plan;
 # `--compiled-from 1`: the next one), and the side that goes first swaps from pair to pair, so that
@@ -42,12 +43,15 @@ echo "# $(date -u +%FT%TZ) REF $(git -C "$tree" rev-parse --short=8 HEAD), harne
      "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | xargs)" \
      "model $(grep -m1 '^model\s' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores" >> "$log"
 
-one() {  # $1: way, $2: run number, $3: output folder, $4: PYTHONPATH, $5: history_spread.py to run, $6...: its options
+one() {  # $1: way, $2: run number, $3: output folder, $4: PYTHONPATH, $5: REF's history_spread.py to run, or
+         # "this" for this checkout's `mrcnn-bench asv spread`, $6...: its options
     [ -f "$3/run_$2.json" ] && return
     echo "$(date -u +%FT%TZ) start $1 run $2" >> "$log"
     # A fresh inductor cache per run: the per-case harness shares the user's, which would make its
     # later runs' compile probes warm where the shared rounds' (a cache per commit) are cold.
-    (cd "$tree" && TORCHINDUCTOR_CACHE_DIR=$tmp/inductor-$1-$2 PYTHONPATH=$4 "$py" "$5" --runs "$2" --out "$3" "${@:6}" \
+    local runner=("$5")
+    [ "$5" = this ] && runner=(-m mrcnn_bench asv spread)
+    (cd "$tree" && TORCHINDUCTOR_CACHE_DIR=$tmp/inductor-$1-$2 PYTHONPATH=$4 "$py" "${runner[@]}" --runs "$2" --out "$3" "${@:6}" \
         > "$tmp/run.out" 2>&1) || { tail -20 "$tmp/run.out" >&2; exit 1; }
     echo "$(date -u +%FT%TZ) end $1 run $2" >> "$log"
 }
@@ -57,7 +61,7 @@ stop() {  # $1: what is not started
     return 0
 }
 
-here=("$root/bench:$tree" "$root/bench/tools/history_spread.py")
+here=("$root/bench:$tree" this)
 outs=("$first" "$second")  # with --plans, plan P's runs go to outs[P]
 for k in $(seq 1 "$runs"); do
     if [ "$plans" = 1 ]; then

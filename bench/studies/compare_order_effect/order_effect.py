@@ -20,7 +20,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from mrcnn_bench.order_effect import run, summary  # the trials and the summary live in the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.compare_order_effect.order_trials import run, summary
 
 
 def main() -> int:

@@ -1,7 +1,7 @@
 """Does a live compare favour a row for its position? A/A trials with the rows' order swapped.
 
 The logic of ``bench/studies/compare_order_effect/order_effect.py`` (its docstring says the method):
-:func:`trial` is one A/A run of the compare's case built with :func:`mrcnn_bench.runner.run`, the rows
+:func:`trial` is one A/A run of the compare's case built with :func:`mrcnn_bench.running.runner.run`, the rows
 listed A, B or B, A; :func:`run` appends trials to ``OUT/order_effect.jsonl``, alternating the order;
 :func:`summary` writes ``OUT/order_effect.md``, per order the ratio B/A with its 95% t-interval and
 the ratio over the rounds in which A, or B, ran first.
@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mrcnn_bench import defaults, runner
-from mrcnn_bench.cases import Row, Variant, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.stats import mean_ratio_ci
+from mrcnn_bench.base import defaults
+from mrcnn_bench.gates.stats import mean_ratio_ci
+from mrcnn_bench.running import runner
+from mrcnn_bench.running.cases import Row, Variant, default_time_limit, default_workload, parse_cases
+from mrcnn_bench.running.journal import read_lines
 
 ROUNDS = 30
 

@@ -53,7 +53,7 @@ timed call is the model's forward (or staged form) on the prepared ``ImageBatch`
 coco 20, tiny 40; each variant is called twice before the rounds (its first call, with any
 compilation, is reported apart).
 
-Method (:mod:`mrcnn_bench.onoff`): every round calls each variant of a workload once, the order
+Method (:mod:`studies.onoff`): every round calls each variant of a workload once, the order
 reversed every other round; each call is appended to ``OUT/LEVER.jsonl`` with the machine's state
 (a rerun skips the rounds already there, so an interrupted run resumes; the variants are rebuilt
 and recompiled). ``OUT/LEVER.json`` and ``OUT/LEVER.md`` hold, per workload and mode, the median of
@@ -76,8 +76,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
 import torch
 import torch._inductor.config
+from studies.onoff import paired, run_rounds
 from torch import Tensor, nn
 from torch._dynamo.utils import counters
 
@@ -90,10 +93,13 @@ from mrcnn.staged import StagedDetector
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store, timing
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.onoff import paired, run_rounds
-from mrcnn_bench.probes import machine_state
+from mrcnn_bench.base import (
+    timing,
+    vcs,
+)
+from mrcnn_bench.running import store
+from mrcnn_bench.running.journal import read_lines
+from mrcnn_bench.running.probes import machine_state
 
 # name -> (preset, image size, default rounds, config changes)
 WORKLOADS = {
@@ -323,7 +329,7 @@ def other_cores(rows: list[dict[str, Any]]) -> float | None:
 
 def _meta(lever: str, argv: list[str]) -> dict[str, Any]:
     def git(*args: str) -> str:
-        return store.git(*args) or ""
+        return vcs.output(store.REPO, *args) or ""
 
     dirty = git("diff", "--name-only", "HEAD", "--", "mrcnn").split() + git(
         "ls-files", "--others", "--exclude-standard", "mrcnn").split()

@@ -31,7 +31,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedDetector
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import timing
+from mrcnn_bench.base import timing
 
 BUCKETS = (8, 16, 32, 64, 100)
 SIZES = ((240, 320), (300, 400), (180, 240))  # one canvas, (320, 448)

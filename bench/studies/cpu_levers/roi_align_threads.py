@@ -16,7 +16,7 @@ chunks per level (``THREADED = True``, the default now); the gather form
 (``mrcnn::multilevel_roi_align``, gather + ``embedding_bag``) at 1 and 2 threads. Every round times
 each variant once (a variant under ~50 ms repeats its call and reports the mean), the variants in
 an order rotated from round to round; ratios are medians of per-round ratios with a 95% bootstrap
-interval (``mrcnn_bench.stats.paired_ratio_ci``).
+interval (``mrcnn_bench.gates.stats.paired_ratio_ci``).
 
 ``model``: the static model, eager, ``model(batch)`` under ``inference_mode``, 2 threads, synthetic
 weights (``synthetic_weights(cfg, seed=0)``, 100 detections), one textured image: tiny at 240x320
@@ -52,8 +52,12 @@ from mrcnn.ops import multilevel_roi_align, parallel
 from mrcnn.ops.roi_align import infer_scales, roi_levels
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store, timing
-from mrcnn_bench.stats import paired_ratio_ci
+from mrcnn_bench.base import (
+    timing,
+    vcs,
+)
+from mrcnn_bench.gates.stats import paired_ratio_ci
+from mrcnn_bench.running import store
 
 PRESETS = {"tiny": (320, 448), "coco_r50_fpn": (800, 1088)}  # kernel canvases
 ROI_KINDS = {"box": (7, 1000), "mask": (14, 100)}  # output size, RoIs
@@ -253,8 +257,8 @@ def measure_model(preset: str, rounds: int) -> dict:
 
 def meta(command: str) -> dict:
     return {
-        "command": command, "commit": store.git("rev-parse", "--short", "HEAD"),
-        "uncommitted": (store.git("status", "--short", "--untracked-files=no") or "").splitlines(),
+        "command": command, "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"),
+        "uncommitted": (vcs.output(store.REPO, "status", "--short", "--untracked-files=no") or "").splitlines(),
         "torch": torch.__version__, "torchvision": torchvision.__version__, "python": platform.python_version(),
         "cpu": store.cpu_model(), "cores": os.cpu_count(), "unix_time": round(time.time()),
         "load_1min_at_start": _load(),

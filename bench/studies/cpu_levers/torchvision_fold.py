@@ -13,7 +13,7 @@ Four variants on one textured image of ``--size`` (``coco_r50_fpn``, ``box_score
 ``predict`` with ``fold_batch_norm=False`` and with the default; torchvision's model (its conv
 weights in channels_last, as the harness's eager rows on the CPU) as shipped and folded. Every
 round calls each once, the order reversed every other round, in one process
-(:mod:`mrcnn_bench.onoff`; resumable). Writes ``OUT/torchvision_fold.jsonl`` and
+(:mod:`studies.onoff`; resumable). Writes ``OUT/torchvision_fold.jsonl`` and
 ``OUT/torchvision_fold.md``: the median per-round ratio with its 95% interval for each model
 folded / unfolded, and static / torchvision with both unfolded and with both folded; the
 detections of each variant against its unfolded self.
@@ -28,7 +28,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
 import torch
+from studies.onoff import paired, run_rounds
 from torch import nn
 from torchvision.ops import FrozenBatchNorm2d
 
@@ -37,9 +40,9 @@ from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import store
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.onoff import paired, run_rounds
+from mrcnn_bench.base import vcs
+from mrcnn_bench.running import store
+from mrcnn_bench.running.journal import read_lines
 
 REPO = Path(__file__).resolve().parents[3]
 PAIRS = (  # (label, denominator, numerator)
@@ -113,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = [r for r in read_lines(path) if r["key"].startswith(f"{opts.size}:")]
     summary = {
         "command": "python bench/studies/cpu_levers/torchvision_fold.py " + " ".join(argv),
-        "commit": store.git("rev-parse", "--short", "HEAD"), "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
+        "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"),
+        "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "size": opts.size, "torchvision_norms_folded": norms,
         "ratios": {label: paired(rows, off, on) for label, off, on in PAIRS},

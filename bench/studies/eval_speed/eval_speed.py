@@ -32,7 +32,7 @@ from pycocotools.coco import COCO
 from mrcnn.evaluate import detections_to_coco_results, evaluate_coco, to_coco_results
 from mrcnn.postprocess import postprocess
 from mrcnn.structures import Detections, ImageBatch
-from mrcnn_bench import timing
+from mrcnn_bench.base import timing
 
 
 def make_ground_truth(num_images: int, height: int, width: int, rng: np.random.Generator) -> COCO:

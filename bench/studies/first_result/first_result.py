@@ -67,8 +67,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "bench"))
 
-from mrcnn_bench import store  # noqa: E402
-from mrcnn_bench.journal import read_lines  # noqa: E402
+from mrcnn_bench.base import vcs  # noqa: E402
+from mrcnn_bench.base.files import atomic_write  # noqa: E402
+from mrcnn_bench.running import store  # noqa: E402
+from mrcnn_bench.running.journal import read_lines  # noqa: E402
 
 # workload -> (preset, image (h, w))
 WORKLOADS = {"coco": ("coco_r50_fpn", (480, 640)), "tiny": ("tiny", (240, 320))}
@@ -227,7 +229,7 @@ def profile(workload: str, out: Path, top: int = 45) -> Path:
     path = out / f"warm_profile_{workload}.txt"
     head = (f"python bench/studies/first_result/first_result.py profile --workload {workload}\n"
             f"precompile_cold: {json.dumps(cold)}\nprecompile_warm under cProfile: {json.dumps(warm)}\n")  # fmt: skip
-    store.write_atomic(path, head + text.getvalue().replace(tmp_name, "TMP"))
+    atomic_write(path, head + text.getvalue().replace(tmp_name, "TMP"))
     return path
 
 
@@ -251,10 +253,10 @@ def phases(workload: str, rounds: int, out: Path) -> Path:
         table[m]["first call"] = statistics.median(r["first_call_s"] for r in rs)
         table[m]["rest"] = table[m]["first call"] - sum(table[m][n] for n in FIRST_CALL_PARTS)
     command = f"python bench/studies/first_result/first_result.py phases --workload {workload} --rounds {rounds}"
-    store.write_atomic(out / f"phases_{workload}.json", json.dumps({"command": command, "commit": store.git(
+    atomic_write(out / f"phases_{workload}.json", json.dumps({"command": command, "commit": vcs.output(store.REPO,
         "rev-parse", "--short", "HEAD"), "records": records, "medians": table}, indent=1) + "\n")  # fmt: skip
     lines = [f"# Where a cold first call goes: {preset} {size[0]}x{size[1]}", "",
-             f"Command: `{command}`; commit {store.git('rev-parse', '--short', 'HEAD')}, "
+             f"Command: `{command}`; commit {vcs.output(store.REPO, 'rev-parse', '--short', 'HEAD')}, "
              f"{store.cpu_model()} x{os.cpu_count()}. Seconds, median of {rounds} cold processes per path "
              "(empty cache folders, each with its own TMPDIR). Phases are torch's own timers "
              "(`torch._dynamo.utils.compilation_time_metrics`); the vector-ISA check is called first, "
@@ -263,7 +265,7 @@ def phases(workload: str, rounds: int, out: Path) -> Path:
     for n in ("first call", *FIRST_CALL_PARTS, "rest"):
         lines.append(f"| {n} | " + " | ".join(f"{table[m][n]:.2f}" for m in table) + " |")
     path = out / f"phases_{workload}.md"
-    store.write_atomic(path, "\n".join(lines) + "\n")
+    atomic_write(path, "\n".join(lines) + "\n")
     return path
 
 
@@ -324,7 +326,8 @@ def report(out: Path) -> dict[str, Any]:
         # the run that wrote these rows, rebuilt from them (the report may be rewritten later)
         "command": "python bench/studies/first_result/first_result.py run --workloads "
         f"{','.join(dict.fromkeys(r['workload'] for r in rows))} --rounds {1 + max(r['round'] for r in rows)}",
-        "commit": store.git("rev-parse", "--short", "HEAD"), "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
+        "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"),
+        "cpu": f"{store.cpu_model()} x{os.cpu_count()}",
         "torch": rows[-1]["torch"], "threads": rows[-1]["threads"], "goals_s": GOALS_S, "workloads": {},
     }  # fmt: skip
     for workload in dict.fromkeys(r["workload"] for r in rows):
@@ -347,8 +350,8 @@ def report(out: Path) -> dict[str, Any]:
             if all("output_checksum" in r for r in mine) else None,
             "loadavg_1m": _spread([r["loadavg_1m"] for r in mine]),
         }  # fmt: skip
-    store.write_atomic(out / f"{NAME}.json", json.dumps(summary, indent=1) + "\n")
-    store.write_atomic(out / f"{NAME}.md", _markdown(summary))
+    atomic_write(out / f"{NAME}.json", json.dumps(summary, indent=1) + "\n")
+    atomic_write(out / f"{NAME}.md", _markdown(summary))
     return summary
 
 

@@ -5,9 +5,9 @@
 Case: the tiny preset with ``synthetic_weights(cfg, seed=0)``, static model, CPU eager, one batch
 of textured images (default one 320x448 image, about 0.3 s per call with one thread). Each trial
 builds nothing new: it times two model instances, A and B, interleaved in rounds (A B, then B A,
-...), after a warm-up, and applies :func:`mrcnn_bench.stats.compare_latency`. In an A/A trial B
+...), after a warm-up, and applies :func:`mrcnn_bench.gates.stats.compare_latency`. In an A/A trial B
 has A's settings (a separate instance, as a second install would be); in an A/B trial B has the
-harness's slowdown hook (:func:`mrcnn_bench.slowdown.inject_slowdown`: extra compute inside the
+harness's slowdown hook (:func:`mrcnn_bench.running.slowdown.inject_slowdown`: extra compute inside the
 forward, outputs unchanged). A/A and A/B trials alternate, so load changes during the study hit
 both kinds alike.
 
@@ -35,9 +35,9 @@ from mrcnn.model import MaskRCNN
 from mrcnn.progress import progress
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import timing
-from mrcnn_bench.slowdown import inject_slowdown
-from mrcnn_bench.stats import RULES, compare_latency, min_p_value
+from mrcnn_bench.base import timing
+from mrcnn_bench.gates.stats import RULES, compare_latency, min_p_value
+from mrcnn_bench.running.slowdown import inject_slowdown
 
 FALSE_ALARM_GOAL = 0.05  # at most
 DETECTION_GOAL = 0.90  # at least

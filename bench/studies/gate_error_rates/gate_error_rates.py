@@ -5,11 +5,11 @@
     PYTHONPATH=bench python bench/studies/gate_error_rates/gate_error_rates.py summary --out results/latency_gate_live
 
 Each trial is one live ``compare`` as ``mrcnn-bench gate --latency-against`` runs it
-(:func:`mrcnn_bench.ab.run_live`): A and B each in a worker subprocess importing its checkout (here
+(:func:`mrcnn_bench.gates.ab.run_live`): A and B each in a worker subprocess importing its checkout (here
 this working tree for both), the whole inference pipeline at the machine's thread count, the
 compare defaults (``static/eager``, the tiny preset's 240x320 image, ``ROUNDS`` interleaved
 rounds). An A/A trial leaves B unchanged; an A/B trial injects a slowdown of 10% or 5% into B
-(:mod:`mrcnn_bench.slowdown`: real extra compute, outputs unchanged). The kind of each next trial
+(:mod:`mrcnn_bench.running.slowdown`: real extra compute, outputs unchanged). The kind of each next trial
 is the one furthest behind its target (``TARGETS``: at least 72 A/A, which is what a claimed
 false-alarm rate of at most 5% needs with a two-sided 95% Clopper-Pearson bound and no false alarm,
 and 30 at each slowdown), so load changes during the study hit every kind alike.
@@ -19,7 +19,7 @@ the study resumes where it stopped. A round count N below ``ROUNDS`` is judged o
 first N rounds, exactly what an N-round compare would have timed. ``summary`` writes
 ``OUT/error_rates.md``: per round count, the false-alarm and detection rates with their two-sided
 95% Clopper-Pearson intervals and the number of trials each rests on. The logic, and ``ROUNDS``,
-``TARGETS`` and ``GOALS``: :mod:`mrcnn_bench.live_error_rates`.
+``TARGETS`` and ``GOALS``: :mod:`studies.gate_error_rates.live_error_rates`.
 """
 
 from __future__ import annotations
@@ -28,8 +28,11 @@ import argparse
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.gate_error_rates.live_error_rates import run, summary
+
 from mrcnn.progress import add_progress_flag
-from mrcnn_bench.live_error_rates import run, summary
 
 
 def main(argv: list[str] | None = None) -> int:

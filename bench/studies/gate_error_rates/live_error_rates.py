@@ -2,7 +2,7 @@
 
 The logic of ``bench/studies/gate_error_rates/gate_error_rates.py`` (its docstring says the method):
 :func:`trial` is one live ``compare`` of this tree against itself as ``mrcnn-bench gate
---latency-against`` runs it (:func:`mrcnn_bench.ab.run_live`), B slowed by :data:`KINDS`; :func:`run`
+--latency-against`` runs it (:func:`mrcnn_bench.gates.ab.run_live`), B slowed by :data:`KINDS`; :func:`run`
 appends trials to ``OUT/trials.jsonl`` until :data:`TARGETS` are reached, the kind furthest behind
 first (:func:`next_kind`); :func:`summary` writes ``OUT/error_rates.md`` from the raw per-round
 times: per round count (each trial judged on its first N rounds), the false-alarm and detection
@@ -24,10 +24,12 @@ import numpy as np
 from scipy import stats
 
 from mrcnn.progress import progress
-from mrcnn_bench import ab, defaults, runner, timing
-from mrcnn_bench.cases import default_time_limit, default_workload, parse_cases
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.stats import compare_latency, mean_ratio_ci
+from mrcnn_bench.base import defaults, timing
+from mrcnn_bench.gates import ab
+from mrcnn_bench.gates.stats import compare_latency, mean_ratio_ci
+from mrcnn_bench.running import runner
+from mrcnn_bench.running.cases import default_time_limit, default_workload, parse_cases
+from mrcnn_bench.running.journal import read_lines
 
 ROUNDS = 30  # each trial; smaller counts are judged on its first rounds
 ROUND_COUNTS = (7, 10, 15, 20, 25, 30)

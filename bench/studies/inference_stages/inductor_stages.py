@@ -9,7 +9,7 @@ static model is cut where its own API cuts it, so each piece can be compiled on 
 detection: everything before the mask branch), ``mask_stage`` (RoIAlign, mask head and predictor on
 the K slots) and the whole ``forward``. Each is timed eager and under inductor
 (``torch.compile(fullgraph=True, dynamic=False)``), all eight interleaved round by round in one
-process (:func:`mrcnn_bench.onoff.run_rounds`: the order reversed every other round, each call
+process (:func:`studies.onoff.run_rounds`: the order reversed every other round, each call
 appended to ``OUT/stages_PRESET.jsonl``, so an interrupted run resumes).
 
 Workload: one textured image (480x640 for ``coco_r50_fpn``, 240x320 for ``tiny``) with
@@ -18,7 +18,7 @@ mask pasting are outside every timed call. A derived stage's seconds are the med
 its per-round difference (RPN + box head = box_stage - features; the rest = forward - box_stage -
 mask_stage). Its FLOPs (``FlopCounterMode`` on the eager piece, 2 per multiply-add; RoIAlign and
 NMS count none) over its seconds give GFLOP/s, as a fraction of the fp32 ceiling measured at the
-start (:func:`mrcnn_bench.ceiling.measure`). Writes ``OUT/stages_PRESET.json`` and ``.md``.
+start (:func:`mrcnn_bench.running.ceiling.measure`). Writes ``OUT/stages_PRESET.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -33,16 +33,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
 import torch
+from studies.onoff import run_rounds, seconds_by_round
 
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench import ceiling, store, timing
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.onoff import run_rounds, seconds_by_round
-from mrcnn_bench.probes import count_flops
+from mrcnn_bench.base import timing, vcs
+from mrcnn_bench.running import ceiling, store
+from mrcnn_bench.running.journal import read_lines
+from mrcnn_bench.running.probes import count_flops
 
 IMAGE = {"coco_r50_fpn": (480, 640), "tiny": (240, 320)}
 PIECES = ("features", "box_stage", "mask_stage", "forward")
@@ -157,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     journal = opts.out / f"stages_{opts.preset}.jsonl"
     meta: dict[str, Any] = {
         "preset": opts.preset, "command": "python bench/studies/inference_stages/inductor_stages.py " + " ".join(argv),
-        "commit": store.git("rev-parse", "--short", "HEAD"), "torch": torch.__version__,
+        "commit": vcs.output(store.REPO, "rev-parse", "--short", "HEAD"), "torch": torch.__version__,
         "threads": torch.get_num_threads(), "cpu": store.cpu_model(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         "ceiling": dataclasses.asdict(ceiling.measure()),
     }  # fmt: skip

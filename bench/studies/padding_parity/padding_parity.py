@@ -32,9 +32,14 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
 import torch
+from studies.onoff import done_keys, paired, run_rounds, seconds_by_round
+from studies.padding_parity.padding_inputs import PHOTOS, build_config, photo
 
 from mrcnn.backbone import padded_extents
 from mrcnn.config import Config
@@ -43,9 +48,7 @@ from mrcnn.parity import match_detections, same_detections, torchvision_stable_t
 from mrcnn.reference import torchvision_model
 from mrcnn.transform import resized_size, select_canvas, to_image_batch
 from mrcnn.weights import calibration_images, load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.onoff import done_keys, paired, run_rounds, seconds_by_round
-from mrcnn_bench.padding_inputs import PHOTOS, build_config, photo
+from mrcnn_bench.running.journal import read_lines
 
 DELTAS = (1, 15, 31)
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mrcnn_bench import store
-from mrcnn_bench.run_notes import other_load
-from mrcnn_bench.stats import paired_ratio_ci
+from mrcnn_bench.gates.stats import paired_ratio_ci
+from mrcnn_bench.reports.run_notes import other_load
+from mrcnn_bench.running import store
 
 CORE = ("torchvision/eager", "static/eager", "static/inductor")
 COMPOSITIONS = {"three": "torchvision/eager,static/eager,static/inductor", "all": "inference"}
@@ -51,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (folder / "run.json").is_file():
             print(f"{folder}: done, skipped", flush=True)
             continue
-        cmd = [sys.executable, "-m", "mrcnn_bench.cli", "run", *WORKLOAD, "--cases", COMPOSITIONS[comp],
+        cmd = [sys.executable, "-m", "mrcnn_bench", "run", *WORKLOAD, "--cases", COMPOSITIONS[comp],
                "--rounds", str(args.rounds), "--no-progress", "--no-plots", "--out", str(folder), "--name", "run",
                "--start-over", *MODES[mode]]  # an unfinished run left by an interrupted study is measured again whole
         print(" ".join(cmd[1:]), flush=True)

@@ -5,7 +5,7 @@
 OLD_CHECKOUT is a checkout whose ``Config`` still has ``inject_slowdown`` (before the architecture
 change, e.g. ``git worktree add /tmp/old 781b00f``). For each fraction, one process runs that
 checkout's model with the knob and another runs this checkout's model with
-:func:`mrcnn_bench.slowdown.inject_slowdown`; both use the tiny preset, synthetic weights (seed 0)
+:func:`mrcnn_bench.running.slowdown.inject_slowdown`; both use the tiny preset, synthetic weights (seed 0)
 and one 240x320 image. Prints FLOPs (``FlopCounterMode``) of each and whether the detections are
 bit-identical; exits 1 if either differs.
 """
@@ -38,7 +38,7 @@ weights = synthetic_weights(cfg, seed=0)
 if side == "old":
     model = load_torchvision_weights(MaskRCNN(cfg.replace(inject_slowdown=fraction)), weights).eval()
 else:
-    from mrcnn_bench.slowdown import inject_slowdown
+    from mrcnn_bench.running.slowdown import inject_slowdown
     model = load_torchvision_weights(MaskRCNN(cfg), weights).eval()
     inject_slowdown(model, fraction)
 batch = to_image_batch(textured_images(((240, 320),), seed=1), cfg)

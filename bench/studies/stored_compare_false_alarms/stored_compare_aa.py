@@ -7,7 +7,7 @@
 A trial is two separate ``mrcnn-bench run`` processes of the same code and settings (torchvision/eager
 and static/eager, the tiny preset, three 240x320 images, ``--rounds`` rounds, each row in its own
 worker as ``run`` does by default), one after the other, then the stored-run comparison of the
-second against the first as ``compare A.json B.json`` makes it (:func:`mrcnn_bench.ab.compare_records`
+second against the first as ``compare A.json B.json`` makes it (:func:`mrcnn_bench.gates.ab.compare_records`
 with ``relative=True``: each round's static/eager time over the same round's torchvision/eager time,
 judged by the rule ``compare`` has for stored runs). Nothing differs between A and B, so every
 "regression" is a false alarm. The run files go to ``out/stored_compare_aa/`` (not committed);
@@ -17,7 +17,7 @@ an interrupted study resumes at the next trial.
 ``summary`` writes ``OUT/summary.md``: the false-alarm rate of the per-round rule (rounds of the two
 runs paired by index, what stored comparisons used before) with its two-sided 95% Clopper-Pearson
 interval and the number of trials; the spread of the stored ratio B/A between runs; the between-run
-sd that :func:`mrcnn_bench.stats.compare_stored` allows for (``defaults.BETWEEN_RUN_SD``); and that
+sd that :func:`mrcnn_bench.gates.stats.compare_stored` allows for (``defaults.BETWEEN_RUN_SD``); and that
 rule's false alarms and detections of B's times scaled by 1.1 to 1.3, each half of the trials
 judged with the sd fitted on the other half.
 """
@@ -29,7 +29,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from mrcnn_bench.stored_false_alarms import run, summary  # the trials and the summary live in the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.stored_compare_false_alarms.stored_false_alarms import run, summary
 
 
 def main() -> int:

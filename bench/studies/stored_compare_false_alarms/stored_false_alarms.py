@@ -20,9 +20,11 @@ from pathlib import Path
 
 from scipy import stats
 
-from mrcnn_bench import ab, defaults, store, timing
-from mrcnn_bench.journal import read_lines
-from mrcnn_bench.stats import compare_latency, compare_stored
+from mrcnn_bench.base import defaults, timing
+from mrcnn_bench.gates import ab
+from mrcnn_bench.gates.stats import compare_latency, compare_stored
+from mrcnn_bench.running import store
+from mrcnn_bench.running.journal import read_lines
 
 CASES = "torchvision/eager,static/eager"
 WORKLOAD = ["--preset", "tiny", "--image-size", "240x320", "--images", "3"]
@@ -32,7 +34,7 @@ RUNS = Path("out/stored_compare_aa")
 def one_run(name: str, rounds: int) -> store.RunDocument:
     path = RUNS / f"{name}.json"
     if not path.is_file():
-        cmd = [sys.executable, "-m", "mrcnn_bench.cli", "run", *WORKLOAD, "--cases", CASES, "--rounds", str(rounds),
+        cmd = [sys.executable, "-m", "mrcnn_bench", "run", *WORKLOAD, "--cases", CASES, "--rounds", str(rounds),
                "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress", "--out", str(RUNS), "--name", name,
                "--start-over"]  # an unfinished run of an interrupted study is measured again whole
         result = subprocess.run(cmd, capture_output=True, text=True)
@@ -136,10 +138,10 @@ def summary(out: Path) -> int:
         "",
         f"**Between-run sd** of the difference of the runs' mean log ratios beyond their rounds' noise: {sd:.4f}",
         f"(halves of the trials: {between_run_sd(trials[0::2]):.4f} and {between_run_sd(trials[1::2]):.4f}).",
-        f"`compare`'s default (`mrcnn_bench.defaults.BETWEEN_RUN_SD`) is {defaults.BETWEEN_RUN_SD}.",
+        f"`compare`'s default (`mrcnn_bench.base.defaults.BETWEEN_RUN_SD`) is {defaults.BETWEEN_RUN_SD}.",
         "",
-        "**The stored rule** (`mrcnn_bench.stats.compare_stored`, what `compare A.json B.json` uses now): a z-test",
-        "of the difference of the runs' mean log ratios against log 1.05, its variance the rounds' plus the",
+        "**The stored rule** (`mrcnn_bench.gates.stats.compare_stored`, what `compare A.json B.json` uses now):",
+        "a z-test of the difference of the runs' mean log ratios against log 1.05, its variance the rounds' plus the",
         "between-run sd squared, alpha 0.01. Each half of the trials judged with the sd estimated on the other",
         "half; a slowdown is B's static/eager times multiplied after the fact (real noise, synthetic change):",
         "",

@@ -1,12 +1,12 @@
 """Where a training step's time goes, static model vs torchvision's, and what that bounds.
 
-Runs the harness's own training step (``mrcnn_bench.pipelines.Pipeline`` for ``static/train`` and
+Runs the harness's own training step (``mrcnn_bench.running.pipelines.Pipeline`` for ``static/train`` and
 ``torchvision/train``: same samples, same init, SGD) under ``torch.profiler`` and prints, per
 implementation, the top operators by self CPU time and the share spent in convolutions (forward
 and backward). Both models run the same backbone and FPN convolutions, so that share of
 torchvision's step is work the static model cannot avoid: ``1 / share`` bounds the speed-up any
 static-shape rewrite of the rest can give, before it is measured. Subnormal floats are flushed to
-zero, as in the harness's training rows (:func:`mrcnn_bench.backends.flush_subnormals`).
+zero, as in the harness's training rows (:func:`mrcnn_bench.running.backends.flush_subnormals`).
 
     python bench/studies/training_profile/profile_training.py --preset tiny --threads 2 [--set KEY=VALUE ...]
         [--out FILE.md]
@@ -21,12 +21,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from mrcnn.overrides import parse_override
-from mrcnn_bench import timing
-from mrcnn_bench.backends import flush_subnormals
-from mrcnn_bench.cases import Case, Row, Workload
-from mrcnn_bench.cli import parse_size
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.base import timing
+from mrcnn_bench.cli.args import parse_size
+from mrcnn_bench.running.backends import flush_subnormals
+from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.context import ContextOptions, make_context
+from mrcnn_bench.running.pipelines import Pipeline
 
 CONV_OPS = (
     "aten::mkldnn_convolution",

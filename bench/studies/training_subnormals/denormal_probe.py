@@ -10,11 +10,11 @@ barely touched. Every training row starts from the same seeded weights on the sa
 numeric cause would strike them all at the same step. This probe runs the row's first ``--steps``
 steps (the run's 2 warm-up steps and 5 rounds) twice from the same start, each pass in a fresh
 process of its own: subnormals kept, then flushed to zero in every thread from the process's start
-(:func:`mrcnn_bench.backends.flush_subnormals`; ``torch.set_flush_denormal`` later in a process
+(:func:`mrcnn_bench.running.backends.flush_subnormals`; ``torch.set_flush_denormal`` later in a process
 reaches only its calling thread, not the CPU pool's). It times each step and after each step
 (untimed) counts the subnormal values in the parameters and their gradients. Same settings as those
 runs: ``coco_r50_fpn``, 320x427 training images, canvases up to 512, 2 threads. The pass itself is
-:func:`mrcnn_bench.subnormal_steps.one_pass`; this script runs it twice and writes the table.
+:func:`studies.training_subnormals.subnormal_steps.one_pass`; this script runs it twice and writes the table.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mrcnn_bench.subnormal_steps import one_pass
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.training_subnormals.subnormal_steps import one_pass
 
 
 def pass_in_subprocess(case: str, steps: int, flush: bool) -> list[dict[str, float]]:

@@ -3,7 +3,7 @@
 The question (``bench/studies/training_subnormals/``): were the slow rounds of the COCO-size
 training runs subnormal floats? :func:`one_pass` runs a training row's first steps in this process,
 subnormals kept or flushed to zero in every thread from the process's start
-(:func:`mrcnn_bench.backends.flush_subnormals`), timing each step and counting (untimed) the
+(:func:`mrcnn_bench.running.backends.flush_subnormals`), timing each step and counting (untimed) the
 subnormal values in the parameters and their gradients after it. Same settings as those runs:
 ``coco_r50_fpn``, 320x427 training images, canvases up to 512 (:data:`OVERRIDES`), 2 threads.
 """
@@ -14,11 +14,11 @@ import sys
 
 import torch
 
-from mrcnn_bench import timing
-from mrcnn_bench.backends import flush_subnormals
-from mrcnn_bench.cases import Row, default_workload, parse_cases
-from mrcnn_bench.context import ContextOptions, make_context
-from mrcnn_bench.pipelines import Pipeline
+from mrcnn_bench.base import timing
+from mrcnn_bench.running.backends import flush_subnormals
+from mrcnn_bench.running.cases import Row, default_workload, parse_cases
+from mrcnn_bench.running.context import ContextOptions, make_context
+from mrcnn_bench.running.pipelines import Pipeline
 
 OVERRIDES = {"min_size": 320, "max_size": 512,
              "canvases": ((320, 320), (320, 448), (320, 512), (448, 320), (512, 320))}

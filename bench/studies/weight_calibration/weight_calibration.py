@@ -5,7 +5,7 @@
 
 For each calibration batch of ``synthetic_weights`` (textured images only, as before; the default
 textured + white noise; the default plus the two sample photographs) and each seed, runs
-torchvision's Mask R-CNN on the padding parity study's photographs (:mod:`mrcnn_bench.padding_inputs`)
+torchvision's Mask R-CNN on the padding parity study's photographs (:mod:`studies.padding_parity.padding_inputs`)
 at 320x416 and a textured image, and reports the RPN objectness logits (standard deviation,
 maximum, how many pass 16.6, where fp32 sigmoid rounds to 1.0) and the detections (count, distinct
 scores, scores equal to 1.0). Saturated scores make torchvision's own output depend on how its sort
@@ -15,15 +15,18 @@ orders ties, so parity on such weights measures tie-breaking. Writes ``OUT/calib
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
 
 import pandas as pd
 import torch
+from studies.padding_parity.padding_inputs import PHOTOS, build_config, photo
 
 from mrcnn.config import Config, get_config
 from mrcnn.reference import torchvision_model
 from mrcnn.weights import calibration_images, synthetic_weights, textured_images
-from mrcnn_bench.padding_inputs import PHOTOS, build_config, photo
 
 SIZE = (320, 416)
 SATURATED_LOGIT = 16.6  # fp32 sigmoid(x) == 1.0 from about here

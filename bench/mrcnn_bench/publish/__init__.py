@@ -1,0 +1,4 @@
+"""asv's published pages made to load with no network (npm-vendored scripts) and screenshots of them.
+
+May import: ``base``.
+"""
