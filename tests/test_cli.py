@@ -22,6 +22,7 @@ from mrcnn import exits, progress
 from mrcnn.engine.hooks import ProgressBar
 from mrcnn_bench.base import defaults
 from mrcnn_bench.cli import args as cli_args
+from mrcnn_bench.cli import asv as asv_tools
 from mrcnn_bench.cli import commands as cli
 from mrcnn_bench.cli import options as cli_options
 from mrcnn_bench.running.cases import CASES, STREAM_IMAGES
@@ -38,6 +39,10 @@ def bench_parsers() -> dict[str, argparse.ArgumentParser]:
     """Every mrcnn-bench subcommand's full parser (the lazy ones built from their modules)."""
     parsers = subparsers(cli.build_parser())
     for name, (module_name, _) in cli.LAZY_COMMANDS.items():
+        if name == "asv":  # a group: each tool has a parser of its own
+            parsers |= {f"asv {tool}": parser for tool, parser in asv_tools.parsers("mrcnn-bench asv").items()}
+            del parsers[name]
+            continue
         parser = argparse.ArgumentParser(prog=f"mrcnn-bench {name}")
         __import__(module_name, fromlist=["add_arguments"]).add_arguments(parser)
         parsers[name] = parser

@@ -97,9 +97,11 @@ def verdict(rows: list[dict[str, object]], kinds: dict[str, str]) -> tuple[bool,
 def build_parser(prog: str = "mrcnn-bench asv flags") -> argparse.ArgumentParser:
     """``mrcnn-bench asv flags``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("--html", type=Path, default=Path("results/html"), help="asv's published folder")
+    parser.add_argument("--html", type=Path, default=Path("results/html"),
+                        help="asv's published folder (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the repository (for the scratch hashes)")
+    parser.add_argument("--repo", type=Path, default=Path("."),
+                        help="the repository, for the scratch hashes (default: %(default)s)")
     return parser
 
 

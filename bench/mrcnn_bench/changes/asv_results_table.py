@@ -139,8 +139,10 @@ def build_parser(prog: str = "mrcnn-bench asv table") -> argparse.ArgumentParser
     """``mrcnn-bench asv table``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("machine", help="asv's machine name (a folder under --results)")
-    parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the repository, for commit subjects")
+    parser.add_argument("--results", type=Path, default=Path("results/asv"),
+                        help="asv's results_dir (default: %(default)s)")
+    parser.add_argument("--repo", type=Path, default=Path("."),
+                        help="the repository, for commit subjects (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (markdown)")
     parser.add_argument("--revs", default=None, help="only the commits `git rev-list REVS` lists (default: all)")
     parser.add_argument("--steps", action="store_true", help="also the levels asv's step detection finds")

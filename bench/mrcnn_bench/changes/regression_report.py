@@ -344,8 +344,9 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
 def build_parser(prog: str = "mrcnn-bench asv report") -> argparse.ArgumentParser:
     """``mrcnn-bench asv report``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("--results", type=Path, default=Path("results/asv"), help="asv's results_dir")
-    parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository")
+    parser.add_argument("--results", type=Path, default=Path("results/asv"),
+                        help="asv's results_dir (default: %(default)s)")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: %(default)s)")
     parser.add_argument("--noise", action="append", default=[], metavar="[MACHINE=]DIR",
                         help="an A/A study's folder (run_*.json): sizes the rounds; MACHINE= for one machine's "
                              "blocks (repeatable)")
@@ -407,6 +408,3 @@ def _pair(text: str) -> tuple[str, str]:
         raise UsageError(f"--line {text!r}: expected NAME=REVS, e.g. main=main")
     return name, revs
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -278,6 +278,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mrcnn-bench accuracy-gate", description=__doc__.split("\n")[0])
     return guarded("mrcnn-bench", lambda: run(add_arguments(parser).parse_args(argv)), lambda: "accuracy-gate")
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -140,6 +140,3 @@ def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv machine") -
     print(name)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

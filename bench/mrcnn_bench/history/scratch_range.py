@@ -261,7 +261,7 @@ def table(commits: list[dict[str, str]]) -> str:
 def build_parser(prog: str = "mrcnn-bench asv scratch", default_repo: str | Path = ".") -> argparse.ArgumentParser:
     """``mrcnn-bench asv scratch``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", default=str(default_repo), help="git repository")
+    parser.add_argument("--repo", default=str(default_repo), help="git repository (default: %(default)s)")
     parser.add_argument("--range", choices=sorted(RANGES), default="scratch",
                         help="which range: scratch (10-15%% regressions), steps (3%% and 5%% in one stage each)")
     mode = parser.add_mutually_exclusive_group()

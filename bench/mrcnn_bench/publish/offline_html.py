@@ -381,6 +381,3 @@ def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv offline-htm
           "docstring); no script or stylesheet loads from outside")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -164,7 +164,7 @@ def build_parser(prog: str = "mrcnn-bench asv screenshots") -> argparse.Argument
                              "selects nothing)")
     parser.add_argument("--pages", default=",".join(PAGES),
                         help="the pages to take, a comma list of " + ", ".join(PAGES)
-                        + " holding index or graph (default: all)")
+                        + " holding index or graph (default: all of them, %(default)s)")
     parser.add_argument("--chromium", default=None, help="the browser binary (default: the first of "
                         + ", ".join(CHROMIUM_NAMES) + " on PATH)")
     return parser

@@ -240,6 +240,3 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     return guarded("mrcnn-bench", lambda: run(parser.parse_args(argv)), lambda: "export-time")
 
-
-if __name__ == "__main__":
-    sys.exit(main())
