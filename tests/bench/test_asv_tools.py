@@ -206,3 +206,25 @@ def test_spread_refuses_a_folder_of_runs_from_another_plan(tmp_path, monkeypatch
     assert plan["method"] == "shared-rounds" and plan["processes"] == aa_spread.SHARED_PROCESSES
     assert aa_spread.main(["--runs", "3", "--out", str(tmp_path / "new")]) == 0 and len(measured) == 3  # resumes
     assert aa_spread.main(["--runs", "3", "--out", str(tmp_path / "new"), "--compiled-from", "7"]) == 2
+
+
+@pytest.mark.parametrize("text", ["{", "[1, 2]", "[" * 100_000 + "]" * 100_000, '{"model_sha256": 7}', "\udcff"])
+def test_a_damaged_fixture_or_run_record_is_one_line_naming_it(tmp_path, text):
+    """Files the harness wrote but a user may have damaged: UsageError (exit 2) naming the file, never a bug."""
+    from mrcnn_bench.base.errors import UsageError
+    from mrcnn_bench.base.files import read_json
+    from mrcnn_bench.history import asv_machine
+    from mrcnn_bench.history.fixed_accuracy import Fixture
+
+    path = tmp_path / "fixture.json"
+    path.write_text(text, errors="surrogateescape")
+    fixture = Fixture(tmp_path)
+    if text.startswith('{"'):
+        assert read_json(path, "x", dict) == {"model_sha256": 7}
+    else:
+        with pytest.raises(UsageError, match=r"fixture\.json: not x"):
+            read_json(path, "x", dict)
+    (tmp_path / "model.pt").write_bytes(b"weights")
+    assert fixture.missing_reason() is None
+    with pytest.raises(UsageError, match=r"fixture\.json"):
+        asv_machine.machine_name(fixture)

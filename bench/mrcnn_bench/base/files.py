@@ -1,4 +1,5 @@
-"""The project's one atomic write (:mod:`mrcnn.files`), as the harness imports it.
+"""The project's one atomic write (:mod:`mrcnn.files`), as the harness imports it, and the reading of
+a JSON file the harness or asv wrote, which a user may still have damaged (:func:`read_json`).
 
 Harness modules take it from here rather than from :mod:`mrcnn.files` itself: a worker row, asv's
 measurement of an old commit and a live compare run this harness beside another checkout's
@@ -9,7 +10,11 @@ its path (it needs the standard library only), so there is still one implementat
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
+from typing import Any
+
+from mrcnn_bench.base.errors import UsageError
 
 try:
     from mrcnn.files import atomic_open, atomic_write
@@ -22,4 +27,16 @@ except ImportError:  # an mrcnn from before mrcnn.files (see the module docstrin
     _spec.loader.exec_module(_module)
     atomic_open, atomic_write = _module.atomic_open, _module.atomic_write
 
-__all__ = ["atomic_open", "atomic_write"]
+__all__ = ["atomic_open", "atomic_write", "read_json"]
+
+
+def read_json(path: str | Path, what: str = "JSON", kind: type = object) -> Any:
+    """The JSON document in ``path``; UsageError naming the file (and ``what`` it should be) when it is
+    not JSON, nests too deep to read, or is not of ``kind`` (e.g. ``dict``)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, nesting past the stack
+        raise UsageError(f"{path}: not {what} ({type(e).__name__}: {str(e)[:120]})") from None
+    if not isinstance(value, kind):
+        raise UsageError(f"{path}: not {what} (a JSON {type(value).__name__}, not a {kind.__name__})")
+    return value

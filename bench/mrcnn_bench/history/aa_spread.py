@@ -27,7 +27,7 @@ import pandas as pd
 
 from mrcnn.progress import progress
 from mrcnn_bench.base import timing
-from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.files import atomic_write, read_json
 from mrcnn_bench.history.asv_machine import cpu_label
 from mrcnn_bench.history.commit import COMPILED_FROM, COUNTERS, SHARED_PROCESSES, measure_commit
 
@@ -77,7 +77,7 @@ def rows_of(run: int, record: dict) -> list[dict]:
 
 def summarise(out: Path) -> pd.DataFrame:
     runs = sorted(out.glob("run_*.json"), key=lambda p: int(p.stem.removeprefix("run_")))  # run_10 after run_9
-    rows = [r for k, path in enumerate(runs, 1) for r in rows_of(k, json.loads(path.read_text()))]
+    rows = [r for k, path in enumerate(runs, 1) for r in rows_of(k, read_json(path, "an A/A run record", dict))]
     table = pd.DataFrame(rows).pivot(index="figure", columns="run", values="value")
     table.columns = [f"run {c}" for c in table.columns]
     values = table.to_numpy()

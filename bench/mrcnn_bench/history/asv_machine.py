@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.files import atomic_write, read_json
 from mrcnn_bench.history.fixed_accuracy import Fixture
 from mrcnn_bench.running.store import cpu_model, cpuinfo_fields
 
@@ -57,7 +57,9 @@ def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = N
     reason = fixture.missing_reason()
     if reason:
         raise FileNotFoundError(reason)
-    sha = json.loads(fixture.meta.read_text())["model_sha256"]
+    sha = read_json(fixture.meta, "the fixture's metadata", dict).get("model_sha256")
+    if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise UsageError(f"{fixture.meta}: no model_sha256 of 64 hex digits (remake it: make asv-fixture)")
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return f"{slug(cpu if cpu is not None else cpu_label())}-{cores}c-fx{sha[:8]}"
 

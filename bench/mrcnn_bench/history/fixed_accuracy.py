@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mrcnn_bench.base import timing
-from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.files import atomic_write, read_json
 
 FIXTURE_ENV = "MRCNN_ASV_FIXTURE"
 DEFAULT_ROOT = Path(".asv/fixtures")
@@ -91,7 +91,7 @@ def _sha256(path: Path) -> str:
 def make_fixture(fixture: Fixture, progress: bool = True) -> dict[str, Any]:
     """Train once (unless ``model.pt`` exists) and write ``model.pt`` and ``fixture.json``; returns the metadata."""
     if fixture.ready():
-        return json.loads(fixture.meta.read_text())
+        return read_json(fixture.meta, "the fixture's metadata", dict)
     # Imported here: `--help` and the asv suite's import of this module should not wait for torch.
     import torch
 
@@ -172,7 +172,7 @@ def evaluate_fixture(fixture: Fixture, threads: int | None = None) -> AccuracyRe
 
     wall = timing.Stopwatch()
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
-    meta = json.loads(fixture.meta.read_text())
+    meta = read_json(fixture.meta, "the fixture's metadata", dict)
     cfg = get_recipe(meta["recipe"]).config()  # the commit's own settings for the recipe
     state = torch.load(fixture.model, map_location="cpu", weights_only=True)
     model = load_torchvision_weights(MaskRCNN(cfg), state)
