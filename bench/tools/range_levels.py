@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+from mrcnn_bench.base import vcs
 from mrcnn_bench.changes import asv_results_table, history_series
 
 MARK = "[slowdown]"  # the kind in a range commit's subject (mrcnn_bench.history.scratch_range.message)
@@ -29,8 +29,8 @@ MARK = "[slowdown]"  # the kind in a range commit's subject (mrcnn_bench.history
 def levels_of(repo: Path, line: list[str]) -> dict[str, int]:
     """8-character hash -> level: how many ``[slowdown]`` commits come at or before it."""
     # One git call for every subject, in the line's order (--no-walk=unsorted keeps it).
-    subjects = subprocess.run(["git", "-C", str(repo), "log", "--no-walk=unsorted", "--format=%s", *line],
-                              capture_output=True, text=True, check=True).stdout.splitlines()  # fmt: skip
+    subjects = vcs.run(repo, "log", "--no-walk=unsorted", "--format=%s", "--end-of-options", *line).stdout
+    subjects = subjects.decode().splitlines()
     levels = itertools.accumulate(int(MARK in subject) for subject in subjects)
     return {commit[:8]: level for commit, level in zip(line, levels, strict=True)}
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         held, _ = history_series.read_asv(args.results, args.machine, line,
                                           ("Latency.track_ratio", "Training.track_ratio"))  # fmt: skip
         stages, _ = history_series.read_asv(args.results, args.machine, line, history_series.STAGES)
-    except (ValueError, subprocess.CalledProcessError) as e:
+    except ValueError as e:  # vcs.GitError among them
         print(f"range_levels: error: {e}", file=sys.stderr)
         return 2
     level = levels_of(args.repo, line)

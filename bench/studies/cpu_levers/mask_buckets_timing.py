@@ -20,7 +20,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from mrcnn.model import MaskRCNN
 from mrcnn.staged import StagedDetector
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
-from mrcnn_bench.base import timing
+from mrcnn_bench.base import timing, vcs
 
 BUCKETS = (8, 16, 32, 64, 100)
 SIZES = ((240, 320), (300, 400), (180, 240))  # one canvas, (320, 448)
@@ -86,7 +85,7 @@ def main() -> None:
     images = textured_images(SIZES, seed=0)
     load = os.getloadavg()[0]
     results = {name: measure(thresh, args.rounds, weights, images) for name, thresh in WORKLOADS.items()}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = vcs.output(Path.cwd(), "rev-parse", "--short", "HEAD")
     meta = {
         "command": f"python bench/studies/cpu_levers/mask_buckets_timing.py --rounds {args.rounds}",
         "buckets": BUCKETS, "image_sizes": SIZES, "rounds": args.rounds, "threads": torch.get_num_threads(),
