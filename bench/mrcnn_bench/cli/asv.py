@@ -38,8 +38,13 @@ def usage(prog: str) -> str:
 
 def parsers(prog: str) -> dict[str, argparse.ArgumentParser]:
     """Every tool's parser, by tool (the modules imported now)."""
-    return {tool: importlib.import_module(module).build_parser(f"{prog} {tool}")
+    return {tool: importlib.import_module(module).build_parser(f"{prog} {tool}", **_extra(tool))
             for tool, (module, _) in TOOLS.items()}  # fmt: skip
+
+
+def _extra(tool: str) -> dict[str, Path]:
+    """What a tool is given beside its arguments: the scratch ranges are built in this checkout."""
+    return {"default_repo": CHECKOUT} if tool == "scratch" else {}
 
 
 def run_argv(prog: str, argv: list[str]) -> int:
@@ -52,5 +57,4 @@ def run_argv(prog: str, argv: list[str]) -> int:
         print(f"{prog}: unknown tool {tool!r}; one of: {', '.join(TOOLS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(TOOLS[tool][0])
-    extra = {"default_repo": CHECKOUT} if tool == "scratch" else {}
-    return int(module.main(rest, prog=f"{prog} {tool}", **extra) or 0)
+    return int(module.main(rest, prog=f"{prog} {tool}", **_extra(tool)) or 0)
