@@ -347,3 +347,24 @@ def test_the_training_progress_is_a_few_lines_in_a_log_not_one_per_step(monkeypa
     hook.after_train(trainer)
     lines = capsys.readouterr().err.splitlines()
     assert 2 <= len(lines) <= 3 and "200/200" in lines[-1] and "loss=" in lines[-1], lines
+
+
+@pytest.mark.parametrize("argv", [["run", "--time-limit", "nan"], ["run", "--time-limit", "0"],
+                                  ["run", "--peak-reps", "-1"], ["run", "--seed", "1e20"],
+                                  ["run", "--seed", str(2**64)], ["compare", "a.json", "b.json", "--threshold", "inf"],
+                                  ["compare", "a.json", "b.json", "--threshold", "nan"]])  # fmt: skip
+def test_numeric_flags_are_finite_and_in_range_at_the_edge(argv, capsys):
+    """A NaN time limit timed every bounded row out at once with exit 0; a huge seed failed deep in numpy."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    flag = next(a for a in argv if a.startswith("--"))
+    assert flag in err.strip().splitlines()[-1] and "Traceback" not in err, err  # argparse's usage, then the line
+
+
+def test_bounded_reads_numbers_within_their_range():
+    seed = cli_args.bounded(int, 0, cli_args.SEED_MAX)
+    assert seed("7") == 7 and seed(str(cli_args.SEED_MAX)) == cli_args.SEED_MAX
+    assert cli_args.bounded(float, 0, low_open=True)("0.5") == 0.5
+    for bad in ("-1", "1.5", "x", str(cli_args.SEED_MAX + 1)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed(bad)

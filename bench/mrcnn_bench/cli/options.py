@@ -15,7 +15,7 @@ from mrcnn.overrides import parse_override
 from mrcnn.progress import add_progress_flag
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.cli.args import parse_cpus, parse_size, parse_sizes
+from mrcnn_bench.cli.args import SEED_MAX, bounded, parse_cpus, parse_size, parse_sizes
 
 # The first import of the cases loads the user's case modules; its error (one line naming the module)
 # reaches mrcnn_bench.cli.commands, which imports this module.
@@ -80,8 +80,9 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     p.add_argument("--cpus", type=parse_cpus, default=None, metavar="LIST",
                    help="pin the run and its workers to these CPUs, e.g. 0,1 or 2-3 (default: as started)")
-    p.add_argument("--seed", type=int, default=0, help="seed of weights and images (default: %(default)s)")
-    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+    p.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0,
+                   help="seed of weights and images (default: %(default)s)")
+    p.add_argument("--time-limit", type=bounded(float, 0, low_open=True), default=None, metavar="S",
                    help=f"limit of a bounded row's set-up + first call and of each later call (default: {_limits()})")
     p.add_argument("--weights", default=None, help="torchvision Mask R-CNN state_dict instead of synthetic weights")
     p.add_argument("--coco-root", default=None,
@@ -99,7 +100,7 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
                    metavar="KEY=VALUE", help="config override for every row (repeatable)")
     p.add_argument("--reuse-compile-cache", action="store_true",
                    help="use the machine's inductor cache and temp folder (default: fresh ones, so compiles are cold)")
-    p.add_argument("--peak-reps", type=int, default=5,
+    p.add_argument("--peak-reps", type=bounded(int, 0), default=5,
                    help="repetitions of each kernel-rate probe (default: %(default)s; 0: skip them and the "
                         "machine's FMA ceiling, so frac_peak is not shown)")
     p.add_argument("--no-flops", action="store_true", help="skip the FLOP count")
@@ -226,7 +227,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 0.1; tests the latency gate; default: %(default)s)")
     p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
                    help="the same for A (default: %(default)s)")
-    p.add_argument("--threshold", type=float, default=defaults.THRESHOLD,
+    p.add_argument("--threshold", type=bounded(float, 0), default=defaults.THRESHOLD,
                    help="relative slowdown that counts (default: %(default)s)")
     p.add_argument("--alpha", type=float, default=defaults.ALPHA,
                    help="family-wise error rate over the cases (Holm; default: %(default)s)")
