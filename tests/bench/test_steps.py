@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -217,3 +218,21 @@ def test_stages_finds_the_stage_that_stepped(tmp_path, capsys):
     assert code == 2 and "no results" in err
     code, _, err = steps("--series", str(tmp_path / "x.csv"), "--stages", capsys=capsys)
     assert code == 2 and "--stages reads asv's results" in err
+
+
+def test_a_hostile_metric_name_cannot_forge_a_row_or_reach_the_terminal(tmp_path, capsys):
+    """A metric name with `|`, a newline or an escape byte is printed escaped in the table, kept as is in --json."""
+    name = 'x | forged | row\n| \x1b[31mred'
+    values = noisy(20, seed=3, step_at=11, step=0.05)
+    f = tmp_path / "s.csv"
+    with f.open("w", newline="") as out:
+        rows = [(name, f"c{i:02d}", v) for i, v in enumerate(values)]
+        csv.writer(out).writerows([("metric", "commit", "value"), *rows])
+    code = cli.main(["steps", "--series", str(f)])
+    table, _ = capsys.readouterr()
+    assert code == 1 and "\x1b" not in table
+    rows = [line for line in table.splitlines() if line.startswith("| ")]
+    assert len(rows) == 2 and rows[1].count(" | ") == rows[0].count(" | ")  # the header and one change point
+    assert "x \\| forged \\| row\\x0a\\| \\x1b[31mred" in rows[1]
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    assert [p["metric"] for p in points] == [name]

@@ -32,6 +32,7 @@ import sys
 from pathlib import Path
 
 from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.text import cell
 from mrcnn_bench.changes import asv_results_table, changepoints, history_series
 from mrcnn_bench.changes.changepoints import ChangePoint
 
@@ -81,13 +82,13 @@ def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
 def table(points: list[ChangePoint], where: str) -> str:
     """The change points as a markdown table under a line naming the input and the method."""
     settings = ", ".join(f"{k} {v:g}" for k, v in changepoints.SETTINGS.items())
-    head = f"change points of {where} (Apache Otava, {settings})"
+    head = f"change points of {cell(where)} (Apache Otava, {settings})"
     if not points:
         return f"{head}: none"
     rows = [f"| {' | '.join(COLUMNS)} |", "|" + "---|" * len(COLUMNS)]
     for p in points:
         change = "-" if p.change_pct is None else f"{p.change_pct:+.2f}%"
-        rows.append(f"| {p.metric} | {p.commit} | {p.index} | {p.before:.6g} | {p.after:.6g} | {change} | "
+        rows.append(f"| {cell(p.metric)} | {cell(p.commit)} | {p.index} | {p.before:.6g} | {p.after:.6g} | {change} | "
                     f"{p.p_value:.2g} | {p.direction} |")
     return "\n".join([head, "", *rows])
 
@@ -101,8 +102,9 @@ def skipped(points: list[ChangePoint], series: history_series.Series, repo: Path
     for p in points:
         if (p.metric, p.index) in found:
             previous, n = found[(p.metric, p.index)]
-            out.append(f"- {p.metric} at {p.commit}: {n} commit(s) that change the library since {previous} have "
-                       f"no value on this machine (not measured, or failed); the step lies in {previous}..{p.commit}")
+            out.append(f"- {cell(p.metric)} at {cell(p.commit)}: {n} commit(s) that change the library since "
+                       f"{cell(previous)} have no value on this machine (not measured, or failed); the step lies in "
+                       f"{cell(previous)}..{cell(p.commit)}")
     return out
 
 
