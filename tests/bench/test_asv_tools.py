@@ -228,3 +228,18 @@ def test_a_damaged_fixture_or_run_record_is_one_line_naming_it(tmp_path, text):
     assert fixture.missing_reason() is None
     with pytest.raises(UsageError, match=r"fixture\.json"):
         asv_machine.machine_name(fixture)
+
+
+def test_asv_table_escapes_names_from_the_result_files(tmp_path, capsys):
+    """A case name in asv's results with '|' or an escape byte cannot add a column or reach the terminal."""
+    machine = tmp_path / "m1"
+    _asv_result(machine, "a" * 40, 1_000_000_000_000, 0.98, 0.2)
+    path = next(machine.glob("aaaaaaaa-*.json"))
+    doc = json.loads(path.read_text())
+    doc["results"]["benchmarks.Latency.track_ratio"][1] = [["'torchvision/eager'", "'static|x\x1b[31m'"]]
+    path.write_text(json.dumps(doc))
+    assert asv_results_table.main(["m1", "--results", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "static\\|x\\x1b[31m" in out
+    header, rule, *rows = [line for line in out.splitlines() if line.startswith("|")]
+    assert header.count("|") - header.count("\\|") == rule.count("|") == rows[0].count("|")

@@ -30,6 +30,7 @@ from asv.step_detect import detect_steps
 
 from mrcnn_bench.base import vcs
 from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.text import cell
 
 RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
 COUNTS = "benchmarks.Compiles.track_count"
@@ -117,6 +118,16 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
     return frame
 
 
+def printable(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every name and text cell escaped for a markdown table on a terminal: case names come
+    from asv's result files and subjects from git, either of which may hold '|', newlines or escapes."""
+    out = frame.rename(columns=cell)
+    for column in out.columns:
+        if out[column].dtype == object:
+            out[column] = out[column].map(lambda v: cell(v) if isinstance(v, str) else v)
+    return out
+
+
 def levels(frame: pd.DataFrame) -> pd.DataFrame:
     """The levels ``asv.step_detect.detect_steps`` finds in each ratio column: one row per level."""
     rows = []
@@ -161,9 +172,9 @@ def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv table") -> 
     if frame.empty:
         print(f"{prog}: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
         return 2
-    text = frame.to_markdown(index=False, floatfmt=".4f")
+    text = printable(frame).to_markdown(index=False, floatfmt=".4f")
     if args.steps:
-        steps = levels(frame).to_markdown(index=False, floatfmt=".4f")
+        steps = printable(levels(frame)).to_markdown(index=False, floatfmt=".4f")
         text += f"\n\nLevels (asv.step_detect, oldest first):\n\n{steps}"
     print(text)
     if args.out:
