@@ -11,7 +11,6 @@ normal data). A process draws a level of its own that rounds cannot average away
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ from pathlib import Path
 from scipy import stats as scipy_stats
 
 from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.base.files import read_json
 
 POWER, ALPHA = 0.90, 0.05
 WILCOXON_EFFICIENCY = 0.955
@@ -44,10 +44,7 @@ def _pooled(paths: Sequence[Path]) -> dict[str, float]:
     """:func:`round_noise` over the study files ``paths``."""
     squares: dict[str, list[float]] = {}
     for path in paths:
-        try:  # a file of the study, read as it is
-            timing = json.loads(path.read_text()).get("timing", {})
-        except (ValueError, AttributeError) as e:
-            raise UsageError(f"{path}: not a run file of an A/A study ({type(e).__name__}: {e})") from None
+        timing = read_json(path, "a run file of an A/A study", dict).get("timing", {})
         for case, part in timing.items():
             record = part.get("record") or {}
             logs = [math.log(c / r) for c, r in zip(record.get("case_s", []), record.get("ruler_s", []), strict=True)]

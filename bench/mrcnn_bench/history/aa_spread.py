@@ -27,6 +27,7 @@ import pandas as pd
 
 from mrcnn.progress import progress
 from mrcnn_bench.base import timing
+from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write, read_json
 from mrcnn_bench.history.asv_machine import cpu_label
 from mrcnn_bench.history.commit import COMPILED_FROM, COUNTERS, SHARED_PROCESSES, measure_commit
@@ -108,8 +109,8 @@ def other_plans(out: Path, plan: dict[str, object]) -> list[str]:
     found = []
     for path in sorted(out.glob("run_*.json")):
         try:
-            theirs = json.loads(path.read_text()).get("plan")
-        except (OSError, ValueError, AttributeError):
+            theirs = read_json(path, "an A/A run record", dict).get("plan")
+        except (OSError, UsageError):
             theirs = "unreadable"
         if theirs != plan:
             found.append(f"{path.name}: {theirs or 'no plan recorded'}")
