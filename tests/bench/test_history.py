@@ -16,6 +16,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from mrcnn_bench.base.errors import UsageError  # noqa: E402
 from mrcnn_bench.history import asv_machine, fixed_accuracy, interleaved, ruler  # noqa: E402
 from mrcnn_bench.history import commit as history  # noqa: E402
 
@@ -108,11 +109,16 @@ def test_asv_machine_is_named_by_cpu_cores_and_fixture(tmp_path):
         asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2)
     fixture.root.mkdir()
     fixture.model.write_bytes(b"weights")
-    fixture.meta.write_text(json.dumps({"model_sha256": "3727811562f609a0"}))
+    fixture.meta.write_text(json.dumps({"model_sha256": "3727811562f609a0" * 4}))
     assert asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2) == "amd-epyc-2c-fx37278115"
     # Another fixture on the same host is another series.
-    fixture.meta.write_text(json.dumps({"model_sha256": "df5e631b00000000"}))
+    fixture.meta.write_text(json.dumps({"model_sha256": "df5e631b" + "0" * 56}))
     assert asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2) == "amd-epyc-2c-fxdf5e631b"
+    # A digest cut short or not hex is a damaged fixture: one line that says how to remake it.
+    for bad in ("3727811562f609a0", "g" * 64, 7):
+        fixture.meta.write_text(json.dumps({"model_sha256": bad}))
+        with pytest.raises(UsageError, match="make asv-fixture"):
+            asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2)
 
 
 def test_asv_machine_registers_the_host_fields(tmp_path, monkeypatch):
