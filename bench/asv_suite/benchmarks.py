@@ -23,7 +23,7 @@ from mrcnn_bench.history.commit import COUNTERS, Part, compiled, measure_commit
 from mrcnn_bench.history.fixed_accuracy import DEFAULT_ROOT, FIXTURE_ENV
 from mrcnn_bench.history.shared_rounds import staged
 from mrcnn_bench.running.cases import CASES, TRACKED
-from mrcnn_bench.running.profile import STAGE_KEYS
+from mrcnn_bench.running.stages import STAGE_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -133,7 +133,7 @@ class Latency(_Commit):
 
 
 class Stages(_Commit):
-    """Inference stage by stage (backbone, RPN, heads, ...: mrcnn_bench.running.profile.STAGE_KEYS), for the
+    """Inference stage by stage (backbone, RPN, heads, ...: mrcnn_bench.running.stages.STAGE_KEYS), for the
     eager cases, timed in the same calls as the whole: when a ratio steps, the stages that stepped
     with it say where."""
 
@@ -154,6 +154,60 @@ class Stages(_Commit):
         return float(part.record["stage_ratio_median"][stage])
 
     track_ratio.unit = RATIO_UNIT.replace("in the same rounds", "same stage, same calls")
+
+
+WORK_UNIT = ("exact: any change is a step. {what} in one call of the first ruler image, per stage "
+             "(mrcnn_bench.running.work_counters); a compiled case is counted on the eager fp32 CPU model of "
+             "its config; lower is better")
+
+
+class StageWork(_Commit):
+    """The work of an inference call, stage by stage, counted exactly (FLOPs, aten operators, bytes
+    written), once per commit outside every timed process: more work (an extra convolution, a copy,
+    a dtype round trip, a larger canvas) steps these series with no noise. What they cannot see, the
+    latency ratios can: threads, memory bandwidth, caches, the work inside one operator."""
+
+    params = (INFERENCE, list(STAGE_KEYS.values()))
+    param_names = ("case", "stage")
+    # What the counters count: a change to a rule of mrcnn_bench.running.work_counters is a new
+    # version, so that counts made under the old rule are never read as a step of the new series.
+    version = "work-counters-1"
+
+    def setup(self, cache: Cache, case: str, stage: str) -> None:
+        reason = CASES[case].skip_reason()
+        if reason:
+            raise NotImplementedError(f"{case}: {reason}")
+        part = _work(cache, case)
+        if stage not in (part.record or {}):
+            raise NotImplementedError(f"{case}: stage {stage} not counted")
+
+    def _count(self, cache: Cache, case: str, stage: str, counter: str) -> float:
+        return float(_work(cache, case).record[stage][counter])
+
+    def track_flops(self, cache: Cache, case: str, stage: str) -> float:
+        return self._count(cache, case, stage, "flops")
+
+    track_flops.unit = WORK_UNIT.format(what="FLOPs (FlopCounterMode, 2 per multiply-add)")
+
+    def track_ops(self, cache: Cache, case: str, stage: str) -> float:
+        return self._count(cache, case, stage, "ops")
+
+    track_ops.unit = WORK_UNIT.format(what="aten operators dispatched (views included)")
+
+    def track_bytes(self, cache: Cache, case: str, stage: str) -> float:
+        return self._count(cache, case, stage, "bytes")
+
+    track_bytes.unit = WORK_UNIT.format(what="bytes written by operators (outputs, in-place included, views not)")
+
+
+def _work(cache: Cache, case: str) -> Part:
+    """The case's work counts; NotImplementedError (asv: skipped) when there are none: a commit
+    measured before the counters, or a count that failed, is never a number and never a failure."""
+    d = cache.get("work", {}).get(case)
+    part = Part(**d) if d is not None else None
+    if part is None or part.record is None:
+        raise NotImplementedError(f"{case}: work not counted" + (f" ({part.error})" if part and part.error else ""))
+    return part
 
 
 class Training(_Commit):

@@ -17,7 +17,7 @@ from mrcnn_bench.history import commit as history  # noqa: E402
 from mrcnn_bench.history import interleaved, shared_rounds  # noqa: E402
 from mrcnn_bench.running import backends, context  # noqa: E402
 from mrcnn_bench.running.cases import Workload  # noqa: E402
-from mrcnn_bench.running.profile import STAGE_KEYS  # noqa: E402
+from mrcnn_bench.running.stages import STAGE_KEYS  # noqa: E402
 
 INFERENCE = ("torchvision/eager", "static/eager", "static/xla", "static/inductor")
 
@@ -74,6 +74,9 @@ def _fake_runs(monkeypatch, fail: set[int] = frozenset()) -> list[list[str]]:
             return history.Part({"timing": timing, "compiles": compiles}, None, 4.0 * len(names))
         if args[0] == "mrcnn_bench.history.interleaved":
             return history.Part(_record(args[1], [1.2]).to_dict(), None, 2.0)
+        if args[0] == "mrcnn_bench.history.stage_work":
+            counts = {k: {"flops": 0, "ops": 1, "bytes": 2} for k in STAGE_KEYS.values()}
+            return history.Part({"work": {n: counts for n in args[2].split(",")}}, None, 5.0)
         return history.Part({"box_ap": 0.8, "mask_ap": 0.6}, None, 1.0)
 
     monkeypatch.setattr(history, "run_part", fake)
@@ -86,7 +89,11 @@ def test_a_commit_times_its_inference_cases_in_a_few_shared_processes(monkeypatc
     record = history.measure_commit(cases=(*INFERENCE, "static/train"), budget_s=16.0, processes=4)
     kinds = [c[0] for c in calls]
     shared, one = "mrcnn_bench.history.shared_rounds", "mrcnn_bench.history.interleaved"
-    assert kinds == [shared, one, *[shared] * 3, "mrcnn_bench.history.fixed_accuracy"]
+    work = "mrcnn_bench.history.stage_work"
+    assert kinds == [shared, one, *[shared] * 3, work, "mrcnn_bench.history.fixed_accuracy"]
+    # The work counters: every inference case in one process, after every timed one.
+    assert calls[5][1:3] == ["--cases", ",".join(INFERENCE)]
+    assert record.work["static/eager"].record["backbone"] == {"flops": 0, "ops": 1, "bytes": 2}
     shared = [c for c in calls if c[0] == "mrcnn_bench.history.shared_rounds"]
     # The first process probes (compile counts first, then memory and FLOPs); inductor is in the first two only.
     assert "--compile-probe" in shared[0] and "--probes" in shared[0]
@@ -127,7 +134,8 @@ def test_inductor_can_be_timed_away_from_the_process_that_probed_it(monkeypatch)
     # Inductor alone, away from the first process: the first process that runs at all probes it.
     calls.clear()
     record = history.measure_commit(cases=("static/inductor",), accuracy=False, processes=4, compiled_from=1)
-    assert len(calls) == 2 and "--compile-probe" in calls[0] and "--probe-cases" not in calls[0]
+    assert len(calls) == 3 and "--compile-probe" in calls[0] and "--probe-cases" not in calls[0]
+    assert calls[2][0] == "mrcnn_bench.history.stage_work"
     assert record.compiles["static/inductor"].value("uncached_compile") == 2
 
 
@@ -143,6 +151,23 @@ def test_a_failed_shared_process_fails_its_cases_and_never_gives_a_figure(monkey
     assert record.timing["static/inductor"].record is not None  # not in that process
     assert "boom 3" in record.timing["static/eager"].error
     assert record.compiles["static/xla"].value("uncached_compile") == 2
+
+
+def test_a_failed_work_count_leaves_the_timing_alone(monkeypatch):
+    """The work counters' process fails (part 4 here: after the three shared ones), or this process
+    fails to start it: its cases get the error, every timed figure stays."""
+    _fake_runs(monkeypatch, fail={4})
+    record = history.measure_commit(cases=INFERENCE, accuracy=False, processes=3)
+    assert all("boom 4" in record.work[c].error and record.work[c].record is None for c in INFERENCE)
+    assert all(record.timing[c].record is not None for c in INFERENCE)
+
+    def cannot_start(args, timeout=history.PART_TIMEOUT_S, env=None):
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(history, "run_part", cannot_start)
+    assert "OSError: no such interpreter" in history.counted(["mrcnn_bench.history.stage_work"], {}).error
+    monkeypatch.setattr(history, "run_part", lambda args, timeout=0, env=None: history.Part([1, 2], None, 1.0))
+    assert "no work record" in history.counted(["mrcnn_bench.history.stage_work"], {}).error
 
 
 def test_a_case_that_cannot_run_here_is_skipped_and_left_out_of_the_processes(monkeypatch):

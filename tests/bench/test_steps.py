@@ -15,6 +15,8 @@ import pytest
 
 from mrcnn_bench.changes import changepoints
 from mrcnn_bench.cli import commands as cli
+from tests.helpers.asv_results import write_stage_result
+from tests.helpers.git_line import git_line
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = ["metric", "commit", "index", "before", "after", "change_pct", "p_value", "direction"]
@@ -176,38 +178,12 @@ def test_a_count_rising_from_zero_is_a_regression_without_a_percentage(tmp_path,
         ("e", 0.0, 1.0, None, "regression")]
 
 
-def _git_line(repo: Path, n: int) -> list[str]:
-    """A repository of ``n`` empty commits; their hashes, oldest first."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
-
-    repo.mkdir()
-    git("init", "-q")
-    for k in range(n):
-        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", f"c{k}")
-    return git("rev-list", "--reverse", "HEAD").split()
-
-
-def _stage_result(folder: Path, commit: str, k: int, backbone: float, mask_head: float) -> None:
-    """An asv result file (api version 2) holding only the stage ratios of static/eager."""
-    stages = [backbone, mask_head]
-    result = [stages, [["'static/eager'"], ["'backbone'", "'mask_head'"]], "v", 1_000_000 + k, 1.0]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "machine.json").write_text(json.dumps({"machine": folder.name, "version": 1}))
-    (folder / f"{commit[:8]}-env-x.json").write_text(json.dumps({
-        "commit_hash": commit, "env_name": "env-x", "date": 1_000_000 + k, "params": {"machine": folder.name},
-        "python": "3.11", "requirements": {}, "env_vars": {},
-        "result_columns": ["result", "params", "version", "started_at", "duration"],
-        "results": {"benchmarks.Stages.track_ratio": result}, "durations": {}, "version": 2,
-    }))  # fmt: skip
-
-
 def test_stages_finds_the_stage_that_stepped(tmp_path, capsys):
     """--stages reads the stage ratios: a 10% backbone step at its commit, the mask head quiet."""
-    commits = _git_line(tmp_path / "repo", 12)
+    commits = git_line(tmp_path / "repo", 12)
     backbone, mask_head = noisy(12, seed=3, step_at=6, step=0.10), noisy(12, seed=4)
     for k, commit in enumerate(commits):
-        _stage_result(tmp_path / "results" / "m1", commit, k, backbone[k], mask_head[k])
+        write_stage_result(tmp_path / "results" / "m1", commit, k, "Stages.track_ratio", backbone[k], mask_head[k])
     where = ("--results", str(tmp_path / "results"), "--machine", "m1", "--repo", str(tmp_path / "repo"),
              "--revs", "HEAD")  # fmt: skip
     code, points, err = steps(*where, "--stages", "--json", capsys=capsys)

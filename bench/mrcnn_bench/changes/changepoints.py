@@ -12,6 +12,9 @@ injected step was run through them; the error rates they give are measured, not 
 
 Series are oldest first, lower is better. For each change point the figures are the means of the
 segments between adjacent change points: ``before`` ends at the point, ``after`` starts there.
+
+An exact series (``exact``: a count with no noise, such as the work counters) is not tested: any
+change between consecutive commits is a step, with no p-value.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 import os
 import statistics
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -47,7 +50,7 @@ class ChangePoint:
     before: float  # mean of the segment that ends here (from the previous change point, or the start)
     after: float  # mean of the segment that starts here (to the next change point, or the end)
     change_pct: float | None  # 100 (after - before) / before; None when before is 0
-    p_value: float  # Otava's two-sided t-test between the two segments
+    p_value: float | None  # Otava's two-sided t-test between the two segments; None for an exact series
     direction: str  # "regression" when the level rose (lower is better), else "improvement"
 
     def to_dict(self) -> dict[str, object]:
@@ -72,23 +75,28 @@ def _detect(series: Mapping[str, Sequence[float]]) -> dict[str, list[tuple[int, 
     return {metric: [(int(i), float(p)) for i, p in points] for metric, points in json.loads(done.stdout).items()}
 
 
-def find(series: Mapping[str, tuple[Sequence[str], Sequence[float]]]) -> list[ChangePoint]:
+def find(
+    series: Mapping[str, tuple[Sequence[str], Sequence[float]]], exact: Collection[str] = ()
+) -> list[ChangePoint]:
     """The change points of each metric's (commits, values), oldest first; sorted by the metrics'
     order in ``series``, then by index.
 
     ValueError when a series has fewer than :data:`MIN_POINTS` points. A series whose values are all
-    equal has no change point and is not sent to Otava (its t-test would have no spread).
+    equal has no change point and is not sent to Otava (its t-test would have no spread). The
+    metrics named in ``exact`` are not sent either: each change from one commit to the next is a
+    change point of theirs, with ``p_value`` None.
     """
     short = {m: len(v) for m, (_, v) in series.items() if len(v) < MIN_POINTS}
     if short:
         listed = ", ".join(f"{m!r} ({n})" for m, n in short.items())
         raise UsageError(f"the change-point method needs at least {MIN_POINTS} points per metric; "
                          f"too few in {listed}")
-    varying = {m: list(v) for m, (_, v) in series.items() if max(v) != min(v)}
-    found = _detect(varying) if varying else {}
+    varying = {m: list(v) for m, (_, v) in series.items() if max(v) != min(v) and m not in exact}
+    found: dict[str, list[tuple[int, float | None]]] = {**(_detect(varying) if varying else {})}
+    found.update({m: exact_steps(v) for m, (_, v) in series.items() if m in exact})
     out = []
     for metric, (commits, values) in series.items():
-        points = [(i, p) for i, p in sorted(found.get(metric, [])) if math.isfinite(p)]
+        points = [(i, p) for i, p in sorted(found.get(metric, [])) if p is None or math.isfinite(p)]
         bounds = [0, *(i for i, _ in points), len(values)]
         for k, (index, p_value) in enumerate(points):
             before = statistics.fmean(values[bounds[k]:bounds[k + 1]])
@@ -99,3 +107,8 @@ def find(series: Mapping[str, tuple[Sequence[str], Sequence[float]]]) -> list[Ch
                                    "regression" if worse else "improvement"))  # fmt: skip
     return out
 
+
+
+def exact_steps(values: Sequence[float]) -> list[tuple[int, float | None]]:
+    """(index, None) for each value of an exact series that differs from the one before it."""
+    return [(i, None) for i in range(1, len(values)) if values[i] != values[i - 1]]

@@ -9,7 +9,11 @@ the edge: what they cannot use is one ValueError naming the file and the place (
   each metric's rows in file order are its series; ``commit`` is kept verbatim and may not repeat
   within a metric; ``value`` is a finite number.
 - :func:`read_asv`: the held figures (ratios to the ruler, compile counts, ``1 - AP``) of one
-  asv machine's results over the commits of one line of history (``git rev-list --reverse REVS``).
+  asv machine's results over the commits of one line of history (``git rev-list --reverse REVS``),
+  or the stage ratios (:data:`STAGES`), or the work counters (:data:`WORK`).
+
+The work counters are exact (:data:`EXACT`): :func:`exact_metrics` names their series, which the
+change-point check takes step by step rather than testing (:func:`mrcnn_bench.changes.changepoints.find`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ Series = dict[str, tuple[list[str], list[float]]]
 DEFAULT_METRIC = "value"
 # The figures the history is judged on: what the dashboard's flags and the report cover.
 STAGES = ("Stages.track_ratio",)  # context for a held step: where it happened
+# Exact work per stage (mrcnn_bench.running.work_counters): where the work moved, with no noise.
+WORK = ("StageWork.track_flops", "StageWork.track_ops", "StageWork.track_bytes")
+# Benchmarks whose every change is a step: counts of the same call, identical on every run.
+EXACT = WORK
 HELD = ("Latency.track_ratio", "Training.track_ratio", "Compiles.track_count", "Accuracy.track_box_error",
         "Accuracy.track_mask_error")  # fmt: skip
 MIN_MAIN_COMMITS = 15  # a machine chosen by default holds at least this many of the line's commits
@@ -143,6 +151,11 @@ def read_asv(
         raise UsageError(f"machine {machine!r} has no results for these commits under {results}")
     short = [m for m, (c, _) in series.items() if len(c) < MIN_POINTS]
     return {m: s for m, s in series.items() if m not in short}, short
+
+
+def exact_metrics(series: Series) -> frozenset[str]:
+    """The metrics of ``series`` that are exact: of a benchmark in :data:`EXACT`."""
+    return frozenset(m for m in series if m.partition("(")[0] in EXACT)
 
 
 def unmeasured_between(repo: Path, older: str, newer: str) -> int:

@@ -13,6 +13,8 @@ asv installed the commit into:
   on: each process pays for loading its compiled graphs (results/asv/README.md, "Shared rounds");
 - each training case against the ruler's training step in one process (``python -m
   mrcnn_bench.history.interleaved``), after the first shared process;
+- the exact work counters of each inference case, stage by stage, on its eager CPU stand-in (``python -m
+  mrcnn_bench.history.stage_work``), after every timed process: one call per distinct model, nothing timed;
 - the fixed checkpoint's AP with the commit's inference (``mrcnn-bench asv fixture``).
 
 The commit's processes share an inductor cache and a cache of the run's inputs (calibrated weights,
@@ -20,7 +22,8 @@ images), both in a temporary folder made for this commit and removed after it: t
 compiles cold, so its figures are a fresh machine's, and the later ones load what it made.
 
 A part that fails keeps its error text and the others still report: asv then shows the metrics of
-that part as failed for this commit, never as a number.
+that part as failed for this commit, never as a number (the work counters' as skipped: a count that
+cannot be made is no figure of the commit's speed).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,12 +111,14 @@ def run_part(args: Sequence[str], timeout: float = PART_TIMEOUT_S, env: dict[str
 
 @dataclass(frozen=True)
 class CommitRecord:
-    """Everything measured for one commit: by case, the timing against the ruler and the compile
-    counts; and the fixed checkpoint's accuracy."""
+    """Everything measured for one commit: by case, the timing against the ruler, the compile
+    counts and the work counters (record: stage key -> counter -> count); and the fixed checkpoint's
+    accuracy."""
 
     timing: dict[str, Part]
     compiles: dict[str, Part]
     accuracy: Part
+    work: dict[str, Part] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -166,23 +171,29 @@ def measure_commit(
     plan: list[tuple[str, list[str]]] = [("shared", a) for a in shared[:1]]
     plan += [("training", ["mrcnn_bench.history.interleaved", c, "--budget-s", str(train_budget_s)]) for c in training]
     plan += [("shared", a) for a in shared[1:]]
+    if inference:
+        plan.append(("work", ["mrcnn_bench.history.stage_work", "--cases", ",".join(inference)]))
     if accuracy:
         plan.append(("accuracy", ["mrcnn_bench.history.fixed_accuracy", "evaluate"]))
     timing: dict[str, list[Part]] = {}
     compiles: dict[str, Part] = {c: skipped[c] for c in skipped if compiled(c)}
+    work: dict[str, Part] = {c: skipped[c] for c in skipped if CASES[c].phase == "inference"}
     acc = Part(None, "accuracy not measured", 0.0, skipped=True)
     with tempfile.TemporaryDirectory(prefix="mrcnn_commit_") as tmp:
         env = {"TORCHINDUCTOR_CACHE_DIR": str(Path(tmp) / "inductor"), CONTEXT_CACHE_ENV: str(Path(tmp) / "inputs")}
         for k, (kind, args) in enumerate(plan, 1):
-            what = f"{kind} {args[2] if kind == 'shared' else args[1] if kind == 'training' else ''}".rstrip()
+            named = args[2] if kind in ("shared", "work") else args[1] if kind == "training" else ""
+            what = f"{kind} {named}".rstrip()
             print(f"[{k}/{len(plan)}] {what}", file=sys.stderr, flush=True)
-            part = run_part(args, env=env)
+            part = run_part(args, env=env) if kind != "work" else counted(args, env)
             state = "skipped" if part.skipped else ("failed" if part.error else "done")
             print(f"[{k}/{len(plan)}] {what}: {state} in {part.seconds:.0f} s", file=sys.stderr, flush=True)
             if kind == "training":
                 timing.setdefault(args[1], []).append(part)
             elif kind == "accuracy":
                 acc = part
+            elif kind == "work":
+                work.update(split_shared(part, args[2].split(","), "work"))
             else:
                 names = args[2].split(",")
                 for name, case_part in split_shared(part, names).items():
@@ -194,13 +205,26 @@ def measure_commit(
         first = (probe.record or {}).get("first_call_s")
         if first is not None and case in pooled and pooled[case].record is not None:
             pooled[case] = dataclasses.replace(pooled[case], record={**pooled[case].record, "first_result_s": first})
-    return CommitRecord({**pooled, **skipped}, compiles, acc)
+    return CommitRecord({**pooled, **skipped}, compiles, acc, work)
+
+
+def counted(args: Sequence[str], env: dict[str, str]) -> Part:
+    """The work counters' part: whatever goes wrong there (even here, in this process) is its error,
+    never the commit's; asv skips its benchmarks."""
+    try:
+        part = run_part(args, env=env)
+        record = part.record
+        if record is not None and not (isinstance(record, dict) and isinstance(record.get("work"), dict)):
+            return Part(None, f"{' '.join(args)}: no work record", part.seconds)
+        return part
+    except Exception as e:  # the counts are extra: no failure of theirs may cost the commit its timing
+        return Part(None, f"{' '.join(args)}: {type(e).__name__}: {e}", 0.0)
 
 
 def split_shared(part: Part, names: Sequence[str], kind: str = "timing") -> dict[str, Part]:
-    """One shared process's outcome as a part per case: its record of ``kind`` ("timing" or
-    "compiles"), or the process's error for every case; each case is given an equal share of the
-    process's seconds."""
+    """One shared process's outcome as a part per case: its record of ``kind`` ("timing",
+    "compiles" or, from the work counters' process, "work"), or the process's error for every case;
+    each case is given an equal share of the process's seconds."""
     share = part.seconds / max(1, len(names))
     if part.record is None:
         return {n: dataclasses.replace(part, seconds=share) for n in names}

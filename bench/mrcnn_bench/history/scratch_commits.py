@@ -56,7 +56,7 @@ class ScratchCommit:
     kind: str  # "noop", "slowdown", "recompile" or "accuracy"
     subject: str  # without the "scratch N/7 [kind]: " prefix
     changes: tuple[Change, ...]
-    stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.running.profile.STAGE_KEYS), where it is confined to one
+    stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.running.stages.STAGE_KEYS), where it is confined to one
     designed_pct: float = 0.0  # a slowdown's designed size: percent more time per static eager inference
 
 

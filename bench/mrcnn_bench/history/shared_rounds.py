@@ -12,7 +12,7 @@ training step, whose ruler is a training step).
 
 Stages: the eager cases (their model is the ruler's class or has its module names: ``backbone``,
 ``rpn``, ``roi_heads`` and the heads inside) are timed stage by stage with forward hooks
-(:func:`mrcnn_bench.running.profile.metered`), and so is the ruler, in the same calls that are timed whole;
+(:func:`mrcnn_bench.running.stages.metered`), and so is the ruler, in the same calls that are timed whole;
 each stage's ratio is the case's stage time over the ruler's same stage in the same round. A
 compiled case has no modules to hook: its figure is the whole call only.
 
@@ -80,7 +80,7 @@ def measure_shared(
     from mrcnn_bench.history.ruler import Ruler
     from mrcnn_bench.running.cases import Row
     from mrcnn_bench.running.pipelines import Pipeline
-    from mrcnn_bench.running.profile import STAGE_KEYS, by_stage, metered
+    from mrcnn_bench.running.stages import STAGE_KEYS, by_stage, metered
 
     check_request(case_names, rounds, phase="inference")
     threads, workload, ctx = ruler_context(threads, training=False)

@@ -30,6 +30,7 @@ from mrcnn_bench.gates.stats import MIN_SAMPLES
 from mrcnn_bench.reports.run_notes import images_text, notes
 from mrcnn_bench.running.cases import REFERENCE, TRAIN_REFERENCE
 from mrcnn_bench.running.records import Record, RunDocument, as_number
+from mrcnn_bench.running.stages import STAGE_KEYS
 
 # Every column of the table: (the HTML page's short header, what it means). The notes list them all.
 COLUMNS: dict[str, tuple[str, str]] = {
@@ -213,7 +214,8 @@ def column_notes() -> list[str]:
 
 def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
     """``--profile``'s stages: seconds per implementation, the static model's share, and where the run
-    counted them, GFLOP per call and the fraction of the fp32 ceiling each stage runs at."""
+    counted them, GFLOP per call and the fraction of the fp32 ceiling each stage runs at, and the
+    aten operators it dispatches and the MB they write (:mod:`mrcnn_bench.running.work_counters`)."""
     stages = doc.run.stages
     if not stages:
         return None
@@ -227,7 +229,18 @@ def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
         df[f"{impl}_gflop"] = gflop
         if ceiling and f"{impl}_s" in df:
             df[f"{impl}_frac_ceiling"] = gflop / df[f"{impl}_s"] / ceiling
+    for impl, work in doc.run.stage_work.items():
+        keys = [STAGE_KEYS.get(label) for label in df.index]
+        df[f"{impl}_ops"] = pd.Series([_work_count(work, key, "ops") for key in keys], index=df.index)
+        df[f"{impl}_mb_written"] = pd.Series([_work_count(work, key, "bytes") / 1e6 for key in keys], index=df.index)
     return df.reset_index()
+
+
+def _work_count(work: Any, key: str | None, counter: str) -> float:
+    """One count of a run file's ``stage_work`` (impl's part): NaN where it has none."""
+    stage = work.get(key) if isinstance(work, dict) and key is not None else None
+    value = stage.get(counter) if isinstance(stage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else as_number(value)
 
 
 def markdown(doc: RunDocument) -> str:

@@ -115,13 +115,20 @@ def auto_staged(row: Row, ctx: Context) -> bool | None:
     return inference_staged(cfg, row.case, torch.device(row.case.backend))
 
 
-def case_flops(row: Row, ctx: Context) -> float:
-    """FLOPs of one call of ``row`` (eager, CPU, same inputs): the work its GFLOP/s divides."""
+def eager_stand_in(row: Row, ctx: Context) -> Pipeline:
+    """The eager fp32 CPU pipeline that does ``row``'s work (same config, same inputs), not set up
+    yet: where the row's work is counted (FLOPs here, :mod:`mrcnn_bench.running.work_counters`)."""
     case = dataclasses.replace(row.case, backend="cpu", compiler="eager", precision="fp32", bounded=False)
     pipeline = Pipeline(Row(case, row.variant), ctx)
     if auto_staged(row, ctx) is False:
         # The eager CPU stand-in, which "auto" stages, does the work of the row's single graph.
         pipeline.cfg = pipeline.cfg.replace(mask_detection_buckets=())
+    return pipeline
+
+
+def case_flops(row: Row, ctx: Context) -> float:
+    """FLOPs of one call of ``row`` (eager, CPU, same inputs): the work its GFLOP/s divides."""
+    pipeline = eager_stand_in(row, ctx)
     pipeline.setup()
     return count_flops(lambda: pipeline.call(0))
 

@@ -172,6 +172,8 @@ class RunInfo:
     resumed_from_round: int = 0  # rounds read back from the journal of an interrupted run (--resume)
     ceiling: dict[str, Any] = field(default_factory=dict)  # mrcnn_bench.running.ceiling.Ceiling, as a dict
     stage_flops: dict[str, dict[str, float]] = field(default_factory=dict)  # --profile: FLOPs by implementation, stage
+    # --profile: exact work counters by implementation, stage key, counter (mrcnn_bench.running.work_counters)
+    stage_work: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def overrides(self) -> dict[str, Any]:
@@ -199,7 +201,7 @@ class RunInfo:
         return cls(**values)
 
 
-_WRITTEN_WHEN_SET = ("interrupted", "resumed_from_round", "ceiling", "stage_flops")
+_WRITTEN_WHEN_SET = ("interrupted", "resumed_from_round", "ceiling", "stage_flops", "stage_work")
 
 
 @dataclass

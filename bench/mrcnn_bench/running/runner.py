@@ -47,7 +47,7 @@ from mrcnn_bench.running.context import Context, ContextOptions, make_context, s
 from mrcnn_bench.running.execution import InProcessRow, RowRunner, RowTimeout, WorkerRow
 from mrcnn_bench.running.parity import parity_stats
 from mrcnn_bench.running.probes import machine_state, measure_peaks
-from mrcnn_bench.running.profile import profile_stages
+from mrcnn_bench.running.profile import stage_profile
 from mrcnn_bench.running.records import RowResult, RunInfo
 from mrcnn_bench.running.row_extras import count_row_flops, evaluate_rows
 
@@ -126,8 +126,16 @@ def log(msg: str) -> None:
     print(f"[mrcnn-bench {time.monotonic() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
 
-def run(opts: RunOptions) -> RunOutput:
-    """Run every row interleaved (see the module's docstring)."""
+def context_for(opts: RunOptions, threads: int) -> tuple[Context, str]:
+    """The run's images and weights (and its description of the weights), built for ``opts``' rows."""
+    need_training = any(r.case.phase == "training" and not r.case.skip_reason() for r in opts.rows)
+    return make_context(ContextOptions(opts.workload, opts.weights, opts.seed, threads, need_training, opts.coco_root,
+                                       opts.coco_split, opts.overrides))
+
+
+def run(opts: RunOptions, context: tuple[Context, str] | None = None) -> RunOutput:
+    """Run every row interleaved (see the module's docstring). ``context``: :func:`context_for` of
+    these options, built once by a caller that runs them several times (process pairs)."""
     if opts.cpus:
         os.sched_setaffinity(0, opts.cpus)  # workers started later inherit it
     threads = opts.threads or len(os.sched_getaffinity(0))
@@ -141,10 +149,9 @@ def run(opts: RunOptions) -> RunOutput:
     run_clock = timing.Stopwatch()
     start = restore(results, previous) if previous else 0
     active = [r for r in skip_absent(results) if r.status == "pending"]
-    need_training = any(r.row.case.phase == "training" for r in active)
-    ctx, weights_desc = make_context(ContextOptions(
-        opts.workload, opts.weights, opts.seed, threads, need_training, opts.coco_root, opts.coco_split,
-        opts.overrides))
+    if context is None:
+        context = context_for(dataclasses.replace(opts, rows=[r.row for r in active]), threads)
+    ctx, weights_desc = context
     log(f"{opts.workload.label}, {len(ctx.images)} image(s), threads {threads}, weights {weights_desc}"
         + (f"; resuming at round {start + 1} of {opts.rounds}" if previous else ""))
     interrupted = ""
@@ -178,10 +185,11 @@ def run(opts: RunOptions) -> RunOutput:
         peaks_end = measure_peaks(opts.peak_reps) if opts.peak_reps else {}
         if opts.flops:
             count_row_flops(results, ctx, log)
-    stages, flops_by_stage = None, {}
+    stages, flops_by_stage, work_by_stage = None, {}, {}
     if opts.profile and not interrupted:
         log("profiling the stages of static and torchvision, eager")
-        stages, flops_by_stage = profile_stages(ctx)
+        profiled = stage_profile(ctx)
+        stages, flops_by_stage, work_by_stage = profiled.seconds, profiled.flops, profiled.work
     options = {"rounds": opts.rounds, "warmup": opts.warmup, "seed": opts.seed,
                "fresh_compile_cache": opts.fresh_compile_cache, "coco_root": opts.coco_root,
                "coco_split": opts.coco_split, "overrides": opts.overrides,
@@ -191,7 +199,8 @@ def run(opts: RunOptions) -> RunOutput:
     peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
     info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, run_clock.elapsed(),
                    threads, options, interrupted=interrupted, resumed_from_round=start,
-                   ceiling=dataclasses.asdict(limit) if limit else {}, stage_flops=flops_by_stage)
+                   ceiling=dataclasses.asdict(limit) if limit else {}, stage_flops=flops_by_stage,
+                   stage_work=work_by_stage)
     return RunOutput(results, info)
 
 
