@@ -73,8 +73,9 @@ def test_every_flag_has_help_that_states_its_default():
 def test_help_defaults_are_the_commands_constants(capsys):
     parsers = subparsers(cli.build_parser())
     compare = parsers["compare"].parse_args(["a.json", "b.json"])
-    assert (compare.rounds, compare.threshold, compare.alpha) == (
-        defaults.COMPARE_ROUNDS, defaults.THRESHOLD, defaults.ALPHA)
+    # The threshold's default depends on the test (across pairs, or one process per side): None here.
+    assert (compare.pairs, compare.rounds, compare.threshold, compare.alpha) == (
+        defaults.COMPARE_PAIRS, defaults.COMPARE_ROUNDS, None, defaults.ALPHA)
     run = parsers["run"].parse_args([])
     assert (run.rounds, run.warmup) == (defaults.RUN_ROUNDS, defaults.RUN_WARMUP)
     # --images: the default stream's length, or a fixed size's count (cli.run_workload)
@@ -82,11 +83,13 @@ def test_help_defaults_are_the_commands_constants(capsys):
     fixed = parsers["run"].parse_args(["--image-size", "240x320"])
     assert cli_options.run_workload(fixed).images == defaults.RUN_IMAGES
     gate = parsers["gate"].parse_args([])
-    assert (gate.latency_rounds, gate.latency_cases) == (defaults.COMPARE_ROUNDS, defaults.COMPARE_CASES)
+    assert (gate.latency_pairs, gate.latency_rounds, gate.latency_cases) == (
+        defaults.COMPARE_PAIRS, defaults.COMPARE_ROUNDS, defaults.COMPARE_CASES)
     assert parsers["report"].parse_args(["x"]).out == defaults.REPORT_OUT
 
     compare_help = " ".join(parsers["compare"].format_help().split())  # argparse wraps lines
-    assert "Wilcoxon" in compare_help and "Mann-Whitney" not in compare_help
+    assert "Wilcoxon" in compare_help and "Mann-Whitney" not in compare_help and defaults.PAIR_TEST in compare_help
+    assert f"default: {defaults.PAIR_THRESHOLD:g} across process pairs, {defaults.THRESHOLD:g} with" in compare_help
     assert f"default: {defaults.COMPARE_CASES} when live" in compare_help
     assert f"(default: {defaults.COMPARE_ROUNDS})" in compare_help
     assert "Mann-Whitney" not in cli.build_parser().format_help()

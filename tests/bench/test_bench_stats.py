@@ -176,7 +176,7 @@ def test_stored_rule_flags_a_slowdown_well_beyond_the_between_run_spread():
     v = stats.compare_stored(*_stored_pair(0, slowdown=0.35), between_run_sd=0.042)
     assert v.rule == "stored" and v.ci_low < v.estimate < v.ci_high and v.between_run_sd == 0.042
     assert v.p_value == v.p_beyond and v.regression_by("stored") == v.regression
-    with pytest.raises(ValueError, match="stored-run verdict"):
+    with pytest.raises(ValueError, match="stored verdict"):
         v.regression_by("paired")
 
 

@@ -66,26 +66,34 @@ def test_worker_is_killed_at_its_time_limit(tmp_path, tiny_weights):
 # compare A B live, on two checkouts
 
 
-def test_compare_runs_two_checkouts_interleaved(tmp_path, capsys):
-    """Live compare: A and B in worker processes importing their own checkout ('.' twice here).
+def test_compare_runs_two_checkouts_in_process_pairs(tmp_path, capsys):
+    """Live compare: A and B in worker processes importing their own checkout ('.' twice here), as
+    three pairs of fresh processes, alternating which side starts first.
 
     B runs with the slowdown hook (recorded in its variant's overrides; that the hook adds the
     work is shown by FLOP count in the slowdown test). Nothing here asserts on timing: the ratio,
     the verdict's direction and the exit code are the machine's, and a timed assertion in a unit
-    test is a flaky test; results/latency_gate holds the gate's measured error rates.
+    test is a flaky test; results/compare_pairs holds the measured error rates.
     """
     out = tmp_path / "cmp.json"
-    code = cli.main(["compare", str(REPO), str(REPO), "--cases", "static/eager", "--rounds", "7", "--images", "1",
-                     "--inject-slowdown", "0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
+    code = cli.main(["compare", str(REPO), str(REPO), "--cases", "static/eager", "--pairs", "3", "--rounds", "2",
+                     "--images", "1", "--inject-slowdown", "0.2", "--peak-reps", "0", "--no-flops", "--no-progress",
                      "--out", str(out)])
     assert code in (0, 1)  # the exit code is the verdict's: timing, not asserted
     data = json.loads(out.read_text())
     (line,) = data["comparison"]
-    assert line["case"] == "static/eager" and line["n"] == 7 and 0 <= line["p_value"] <= 1
-    assert line["ratio_b_over_a"] > 0 and line["verdict"].startswith("B is ") and "n=7" in line["verdict"]
+    assert line["case"] == "static/eager" and line["pairs"] == 3 and line["n"] == 2 and 0 <= line["p_value"] <= 1
+    assert line["ratio_b_over_a"] > 0 and line["process_sd"] >= 0 and line["round_sd"] > 0
+    assert line["verdict"].startswith("B is ") and "3 process pairs x 2 rounds" in line["verdict"]
+    assert [p["a_first"] for p in data["pairs"]] == [True, False, True]
+    for pair in data["pairs"]:  # every pair's timings, to recompute the verdict from
+        assert {k: (v["status"], len(v["times_s"])) for k, v in pair["rows"].items()} == {
+            "A:static/eager": ("ok", 2), "B:static/eager": ("ok", 2)}
     recs = {r["row"]: r for r in data["run"]["records"]}
     assert set(recs) == {"A:static/eager", "B:static/eager"}
     assert recs["B:static/eager"]["variant_overrides"] == {"inject_slowdown": 0.2}
     assert not recs["A:static/eager"]["variant_overrides"]
-    assert all(len(r["times_s"]) == 7 and r["variant_code"] == str(REPO) for r in recs.values())
-    assert "static/eager" in capsys.readouterr().out
+    assert all(len(r["times_s"]) == 2 and r["variant_code"] == str(REPO) for r in recs.values())
+    printed = capsys.readouterr().out
+    assert "3 pairs of processes x 2 rounds" in printed and "the pair is the unit" in printed
+    assert "static/eager" in printed

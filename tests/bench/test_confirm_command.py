@@ -1,4 +1,4 @@
-"""The confirm command of a step: its rounds from an A/A study's per-round scatter, per machine."""
+"""The confirm command of a step: its process pairs from an A/A study's per-round scatter, per machine."""
 
 from __future__ import annotations
 
@@ -8,27 +8,34 @@ import sys
 from pathlib import Path
 
 import pytest
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from mrcnn_bench.base import defaults  # noqa: E402
 from mrcnn_bench.changes import confirm_command as confirm  # noqa: E402
 
 
-def test_rounds_give_90_percent_power_for_the_step_and_the_noise():
-    z = stats.norm.ppf(0.95) + stats.norm.ppf(0.90)
-    assert confirm.rounds_for(3.0, 0.08) == math.ceil((z * 0.08 / math.log(1.03)) ** 2 / 0.955)
-    assert confirm.rounds_for(5.0, 0.08) < confirm.rounds_for(3.0, 0.08) < confirm.rounds_for(3.0, 0.12)
-    assert confirm.rounds_for(50.0, 0.01) == confirm.MIN_ROUNDS
-    # By simulation: that many paired normal rounds find a 3% step about 90% of the time.
+def test_pairs_give_90_percent_power_for_the_step_and_the_noise():
+    k = confirm.pairs_for(3.0, 0.08)
+    assert confirm.pairs_for(5.0, 0.08) < k < confirm.pairs_for(3.0, 0.12)
+    assert confirm.pairs_for(3.0, 0.08, process_sd=0.03) > k  # process levels cost pairs, not rounds
+    assert confirm.pairs_for(50.0, 0.01) == confirm.MIN_PAIRS
+    # By simulation, through the compare's own statistic: K pairs whose processes draw levels find
+    # a 3% step about 90% of the time.
     import numpy as np
 
+    from mrcnn_bench.gates.stats import compare_pairs
+
     rng = np.random.default_rng(0)
-    n = confirm.rounds_for(3.0, 0.08)
-    found = sum(stats.wilcoxon(rng.normal(math.log(1.03), 0.08, n), alternative="greater").pvalue < 0.05
-                for _ in range(400))
-    assert 0.85 <= found / 400 <= 0.95
+    rounds, found = defaults.COMPARE_ROUNDS, 0
+    for _ in range(300):
+        levels = rng.normal(0, defaults.PROCESS_SD, (k, 1))  # the pair's level difference
+        a = np.exp(rng.normal(0, 0.08 / math.sqrt(2), (k, rounds)))
+        b = 1.03 * np.exp(levels + rng.normal(0, 0.08 / math.sqrt(2), (k, rounds)))
+        found += compare_pairs(list(a), list(b), [i % 2 == 0 for i in range(k)], threshold=0.0,
+                               alpha=defaults.ALPHA).regression
+    assert 0.85 <= found / 300 <= 0.95
 
 
 def test_round_noise_is_the_scatter_within_each_process(tmp_path):
@@ -58,12 +65,12 @@ def test_each_machine_gets_its_own_a_a_noise_and_others_the_default(tmp_path):
 
 
 def test_confirm_commands_by_kind_of_metric():
-    command, rounds, note = confirm.confirm("Latency.track_ratio(static/xla)", "aaaa", "bbbb", 5.0, {"static/xla": 0.1})
-    assert command == f"mrcnn-bench compare aaaa bbbb --cases static/xla --threshold 0 --rounds {rounds}"
-    assert rounds == confirm.rounds_for(5.0, 0.1) and "0.100" in note
-    command, rounds, _ = confirm.confirm("Compiles.track_count(static/xla, xla_compiles)", "a", "b", None, {})
-    assert "--cases static/xla" in command and rounds is None
+    command, pairs, note = confirm.confirm("Latency.track_ratio(static/xla)", "aaaa", "bbbb", 5.0, {"static/xla": 0.1})
+    assert command == f"mrcnn-bench compare aaaa bbbb --cases static/xla --threshold 0 --pairs {pairs}"
+    assert pairs == confirm.pairs_for(5.0, 0.1) and "0.100" in note
+    command, pairs, _ = confirm.confirm("Compiles.track_count(static/xla, xla_compiles)", "a", "b", None, {})
+    assert "--cases static/xla --pairs 1" in command and pairs is None
     command, _, _ = confirm.confirm("Accuracy.track_box_error", "a", "b", 1.0, {})
     assert "fixed_accuracy evaluate" in command
-    _, rounds, note = confirm.confirm("Latency.track_ratio(static/eager)", "a", "b", 3.0, {})
-    assert rounds == 100 and "guess" in note
+    _, pairs, note = confirm.confirm("Latency.track_ratio(static/eager)", "a", "b", 3.0, {})
+    assert pairs == confirm.GUESS_PAIRS and "guess" in note

@@ -196,6 +196,8 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
     return {
         "run": [["--rounds", "-1"], ["--weights", absent + ".pt"], ["--out", str(tmp_path), "--name", "../escape"]],
         "compare": [["a.json", "b.json", "--bogus"], [absent + "_a.json", absent + "_b.json"], [absent, "."]],
+        "bisect": [["HEAD~1"], ["HEAD~1", "HEAD", "--pairs", "1"], ["HEAD~1", "HEAD", "--rounds", "3"],
+                   [f"--output={absent}", "HEAD"], ["HEAD", "HEAD~1"]],
         "gate": [["--cases", "static/nope"], ["--accuracy", "none", "--baseline", absent + ".json"]],
         "accuracy-gate": [["--bogus"], ["--checkpoint", absent + ".pt"]],
         "export-time": [[absent + ".pt2", "--rounds", "0"], [absent + ".pt2"]],

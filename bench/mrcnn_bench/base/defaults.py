@@ -13,11 +13,22 @@ RUN_WARMUP = 1  # untimed calls per row before round 1 (at least one per distinc
 RUN_IMAGES = 3  # distinct generated images, cycled over the rounds
 REPORT_OUT = "out/report"  # generated output: under out/, which git ignores (tests/bench/test_default_outputs.py)
 
-# mrcnn-bench compare (live) and the gate's latency check
+# mrcnn-bench compare (live) and the gate's latency check: K pairs of fresh processes, the pair the
+# unit of the test. Pairs and rounds are the cheapest that find a 3% slowdown 80% of the time and 5%
+# 95% of the time, against the 1% threshold at alpha 0.01, under each measured noise model:
+# results/compare_pairs/design.md (bench/studies/compare_pairs/design.py).
 COMPARE_CASES = "static/eager"
-COMPARE_ROUNDS = 25  # the fewest meeting the error-rate goals: results/latency_gate_live/error_rates.md
-THRESHOLD = 0.05  # relative slowdown that counts as a regression
+COMPARE_PAIRS = 18  # process pairs, A and B alternating which starts first
+COMPARE_ROUNDS = 32  # interleaved rounds timed by each pair (even: each side runs first in half)
+PAIR_THRESHOLD = 0.01  # relative slowdown that counts, tested across pairs
+# The noise the pairs were sized on, the larger of the two measured models for each (static/eager,
+# tiny, 2 threads): the sd of a pair's mean log(B/A) between pairs beyond its rounds' noise (72 one-pair
+# A/A compares), and of one round's log(B/A) within a process (48 pairs on AMD EPYC f25m17).
+PROCESS_SD = 0.0139
+ROUND_SD = 0.1179
+THRESHOLD = 0.05  # relative slowdown that counts for one process per side (--pairs 1) and stored runs
 ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
+PAIR_TEST = "one-sided t-test across process pairs of each pair's mean log ratio B/A against 1 + threshold"
 TEST = "one-sided Wilcoxon signed-rank test of the per-round ratios B/A against 1 + threshold"
 # compare RUN_A.json RUN_B.json: the sd of log(B/A) between two separate runs of the same code beyond
 # what their rounds' spread explains (static/eager over torchvision/eager, tiny, 2 threads, this host):

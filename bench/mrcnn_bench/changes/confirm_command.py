@@ -1,12 +1,13 @@
-"""The command that confirms a step of the history live, and how many rounds it needs.
+"""The command that confirms a step of the history live, and how many process pairs it needs.
 
-A live compare tests the per-round ratios B/A, paired; their scatter is the per-round scatter of a
-case against the ruler in an A/A study (its ``run_*.json``; ``regression_report --noise
-MACHINE=DIR`` gives each machine its own, since hosts scatter differently), so a step of relative
-size d is found with 90% power by a one-sided test at 5% when the rounds are at least ((z_0.95 +
-z_0.90) s / ln(1 + d))^2 / 0.955 (0.955: the Wilcoxon test's efficiency against the t-test for
-normal data). A process draws a level of its own that rounds cannot average away
-(results/asv/README.md), so the figure is a floor, and each block's note says so.
+A live compare runs K pairs of fresh processes, R rounds each, and tests across the pairs
+(:func:`mrcnn_bench.gates.stats.compare_pairs`): a pair's mean log ratio B/A varies by the
+between-process sd plus the round sd over sqrt(R). The round sd is the per-round scatter of a case
+against the ruler in an A/A study (its ``run_*.json``; ``regression_report --noise MACHINE=DIR``
+gives each machine its own, since hosts scatter differently); the between-process sd is the one the
+compare's defaults were sized on (``defaults.PROCESS_SD``). K is the fewest pairs whose one-sided
+t-test (K - 2 degrees of freedom, as with both start orders) at the compare's alpha finds a step of
+the given size with 90% power, from the noncentral t distribution.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from pathlib import Path
 
 from scipy import stats as scipy_stats
 
+from mrcnn_bench.base import defaults
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import read_json
 
-POWER, ALPHA = 0.90, 0.05
-WILCOXON_EFFICIENCY = 0.955
-MIN_ROUNDS = 10
+POWER = 0.90
+MIN_PAIRS, MAX_PAIRS = 4, 400
+GUESS_PAIRS = 40  # no A/A study of the case: a guess, and the block says so
 
 
 def case_of(metric: str) -> str:
@@ -72,17 +74,22 @@ def noise_by_machine(specs: Sequence[str]) -> dict[str | None, dict[str, float]]
     return out
 
 
-def rounds_for(change_pct: float, sd: float) -> int:
-    """Rounds of a paired live compare that find a step of ``change_pct`` percent with 90% power
-    (one-sided, alpha 5%), given the per-round scatter ``sd`` of ln(B / A)."""
+def pairs_for(change_pct: float, round_sd: float, process_sd: float = defaults.PROCESS_SD,
+              rounds: int = defaults.COMPARE_ROUNDS, alpha: float = defaults.ALPHA) -> int:
+    """Process pairs of ``rounds`` rounds each that find a step of ``change_pct`` percent with 90%
+    power (one-sided t-test across pairs at ``alpha``), given the noise model (sds of ln(B / A))."""
     d = math.log1p(abs(change_pct) / 100)
-    z = float(scipy_stats.norm.ppf(1 - ALPHA) + scipy_stats.norm.ppf(POWER))
-    return max(MIN_ROUNDS, math.ceil((z * sd / d) ** 2 / WILCOXON_EFFICIENCY))
+    sd = math.sqrt(process_sd**2 + round_sd**2 / rounds)
+    for pairs in range(MIN_PAIRS, MAX_PAIRS + 1):
+        df = pairs - 2
+        if scipy_stats.nct.sf(scipy_stats.t.ppf(1 - alpha, df), df, d / (sd / math.sqrt(pairs))) >= POWER:
+            return pairs
+    return MAX_PAIRS
 
 
 def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noise: dict[str, float]
             ) -> tuple[str, int | None, str]:
-    """(command, rounds, note) that confirms a step of ``metric`` at ``commit`` live."""
+    """(command, process pairs, note) that confirms a step of ``metric`` at ``commit`` live."""
     case = case_of(metric)
     if metric.startswith("Accuracy."):
         command = (f"for r in {parent} {commit}; do git worktree add -f /tmp/mrcnn-$r $r && "
@@ -91,13 +98,14 @@ def confirm(metric: str, parent: str, commit: str, change_pct: float | None, noi
                    "done  # 1 - AP of the fixed checkpoint with each commit's inference: exact")
         return command, None, ""
     if metric.startswith("Compiles."):
-        return (f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {MIN_ROUNDS}", None,
-                "live and interleaved; compile counts are exact, so one run shows them")
+        return (f"mrcnn-bench compare {parent} {commit} --cases {case} --pairs 1 --rounds 2", None,
+                "live; compile counts are exact, so one pair of processes shows them")
     sd = noise.get(case)
     if sd is None or change_pct is None or change_pct == 0:
-        rounds, note = 100, "no A/A study of this case to size the rounds: 100 is a guess"
+        pairs, note = GUESS_PAIRS, f"no A/A study of this case to size the pairs: {GUESS_PAIRS} is a guess"
     else:
-        rounds = rounds_for(change_pct, sd)
-        note = (f"live and interleaved; from the A/A study's per-round scatter of ln(case / ruler), {sd:.3f}: "
-                f"rounds for 90% power against a {abs(change_pct):.1f}% step, process levels aside")
-    return f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --rounds {rounds}", rounds, note
+        pairs = pairs_for(change_pct, sd)
+        note = (f"live, in process pairs of {defaults.COMPARE_ROUNDS} rounds; the A/A study's per-round scatter of "
+                f"ln(case / ruler), {sd:.3f}, and a between-process sd of {defaults.PROCESS_SD}: pairs for 90% power "
+                f"against a {abs(change_pct):.1f}% step at alpha {defaults.ALPHA}")
+    return f"mrcnn-bench compare {parent} {commit} --cases {case} --threshold 0 --pairs {pairs}", pairs, note

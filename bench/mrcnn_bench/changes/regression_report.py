@@ -75,8 +75,8 @@ class Regression:
     stages: list[ChangePoint] = field(default_factory=list)
     url: str = ""
     command: str = ""
-    rounds: int | None = None
-    rounds_note: str = ""
+    pairs: int | None = None  # process pairs of the confirm command
+    pairs_note: str = ""
     # Commits that change the library with no value between ``parent`` (then the last with one) and this.
     unmeasured: int = 0
 
@@ -157,9 +157,9 @@ def regressions(
             parent = git_commit(repo, previous)[0]
         before, after = levels([q for q in points if q.metric == p.metric], series[p.metric][1], p)
         moved = moved_with(p, stage_points, position)
-        command, rounds, note = confirm(p.metric, parent[:8], full[:8], p.change_pct, noise)
+        command, pairs, note = confirm(p.metric, parent[:8], full[:8], p.change_pct, noise)
         out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
-                              graph_url(dashboard, suite, p.metric, machine, branch), command, rounds, note,
+                              graph_url(dashboard, suite, p.metric, machine, branch), command, pairs, note,
                               unmeasured))
     return points, out, gaps
 
@@ -199,8 +199,8 @@ def markdown(entries: Sequence[Regression]) -> str:
             lines.append(f"- {_md(CONTROL_TEXT)}")
         first = "the last commit measured before it" if e.unmeasured else "the parent"
         lines += [f"- Confirm ({first} first):", "", "  ```bash", f"  {e.command}", "  ```"]
-        if e.rounds_note:
-            lines.append(f"  Rounds: {e.rounds_note}.")
+        if e.pairs_note:
+            lines.append(f"  Pairs: {e.pairs_note}.")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
@@ -291,7 +291,7 @@ def page(sections: Sequence[Section]) -> str:
                 f"<li>Stages that stepped with it: {html.escape(stages)}</li>"
                 + (f"<li>{html.escape(unmeasured_text(e))}</li>" if e.unmeasured else "")
                 + (f"<li>{html.escape(CONTROL_TEXT)}</li>" if is_control(e.point.metric) else "") + "</ul>"
-                f"<pre>{html.escape(e.command)}</pre><p>{html.escape(e.rounds_note)}</p>"
+                f"<pre>{html.escape(e.command)}</pre><p>{html.escape(e.pairs_note)}</p>"
             )
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -348,7 +348,7 @@ def build_parser(prog: str = "mrcnn-bench asv report") -> argparse.ArgumentParse
                         help="asv's results_dir (default: %(default)s)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the git repository (default: %(default)s)")
     parser.add_argument("--noise", action="append", default=[], metavar="[MACHINE=]DIR",
-                        help="an A/A study's folder (run_*.json): sizes the rounds; MACHINE= for one machine's "
+                        help="an A/A study's folder (run_*.json): sizes the pairs; MACHINE= for one machine's "
                              "blocks (repeatable)")
     parser.add_argument("--line", action="append", default=[], metavar="NAME=REVS",
                         help="a line of commits (repeatable; default: "

@@ -86,12 +86,14 @@ def add_gate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--accuracy-out", default=None, metavar="DIR",
                    help="keep the accuracy run's training output here (metrics.jsonl curve, checkpoints)")
     p.add_argument("--latency-against", default=None, metavar="REF",
-                   help="also gate latency: the working tree against this git ref, interleaved "
-                        f"({defaults.TEST}, threshold {defaults.THRESHOLD:.0%})".replace("%", "%%"))
+                   help="also gate latency: the working tree against this git ref, in process pairs "
+                        f"({defaults.PAIR_TEST}, threshold {defaults.PAIR_THRESHOLD:.0%})".replace("%", "%%"))
     p.add_argument("--latency-cases", default=defaults.COMPARE_CASES, metavar="CASES",
                    help="cases of the latency check, comma list (default: %(default)s)")
-    p.add_argument("--latency-rounds", type=int, default=defaults.COMPARE_ROUNDS, metavar="N",
-                   help="interleaved rounds of the latency check (default: %(default)s)")
+    p.add_argument("--latency-pairs", type=bounded(int, 1, 1000), default=defaults.COMPARE_PAIRS, metavar="K",
+                   help="process pairs of the latency check (default: %(default)s)")
+    p.add_argument("--latency-rounds", type=bounded(int, 2, 10_000), default=defaults.COMPARE_ROUNDS, metavar="N",
+                   help="interleaved rounds each pair of the latency check times (default: %(default)s)")
     p.add_argument("--inject", choices=defaults.INJECTIONS, default=None,
                    help="test only: inject a fault (recompile: pad images tightly) to show the gate fails")
     p.add_argument("--out", default=None, metavar="FILE", help="write the measurements and verdicts as JSON")

@@ -1,7 +1,8 @@
 """``mrcnn-bench``: run the matrix, compare two runs or two commits, gate a change, rebuild reports.
 
     mrcnn-bench run [--preset tiny] [--cases all] [--out results/runs]   the main job
-    mrcnn-bench compare A B [--cases static/eager]                       A, B: run files, or git refs / checkouts
+    mrcnn-bench compare A B [--cases static/eager] [--pairs K]           A, B: run files, or git refs / checkouts
+    mrcnn-bench bisect GOOD BAD [--cases static/eager]                   the first commit confirmed slower
     mrcnn-bench gate [--baseline baselines/gate_tiny.json]               exit 1 on a regression
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
@@ -47,8 +48,10 @@ from mrcnn_bench.cli.args import add_gate_arguments
 USER_CASES_ERROR: ValueError | None = None  # a user's case module that failed to load: main() raises it, exit 2
 try:  # the first import of mrcnn_bench.running.cases loads the user's case modules ($MRCNN_BENCH_CASES, entry points)
     from mrcnn_bench.cli.options import (
+        add_bisect_arguments,
         add_compare_arguments,
         add_run_arguments,
+        bisect_options,
         compare_options,
         gate_options,
         run_options,
@@ -118,6 +121,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from mrcnn_bench.gates import ab  # lazy: loads torch
 
     return ab.compare(compare_options(args))
+
+
+def cmd_bisect(args: argparse.Namespace) -> int:
+    from mrcnn_bench.changes import bisection  # lazy: loads torch
+
+    return bisection.bisect(bisect_options(args))
 
 
 def cmd_gate(args: argparse.Namespace) -> int:
@@ -193,12 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "of the same --out and --name (without it, or --resume, such a run is refused)")
     p.set_defaults(func=cmd_run, stream=True)  # run's default workload: a stream (run_workload)
 
-    about = (f"B against A, flagged when slower by more than the threshold: {defaults.TEST}, Holm-corrected "
-             "over the cases")
-    p = sub.add_parser("compare", help=f"A against B: ratios, {defaults.TEST}, regressions flagged",
-                       description=about)
+    about = (f"B against A, flagged when slower by more than the threshold, Holm-corrected over the cases. Live: "
+             f"K pairs of fresh processes, {defaults.PAIR_TEST}; with --pairs 1, {defaults.TEST}. Run files: "
+             "a z-test of the runs' mean log ratios that allows for the spread between runs")
+    p = sub.add_parser("compare", help="A against B: ratios with intervals, live in process pairs, regressions "
+                       "flagged", description=about)
     add_compare_arguments(p)
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("bisect", help="the first commit between GOOD and BAD that a live compare confirms slower",
+                       description="Each verdict a live compare of GOOD against one commit in process pairs; a binary "
+                       "search measures only the commits it needs; a commit that cannot be measured is skipped and "
+                       "named. Exit 1: a first slower commit named; 0: BAD is not slower; 2: could not tell")
+    add_bisect_arguments(p)
+    p.set_defaults(func=cmd_bisect)
 
     p = sub.add_parser("gate", help="compile counts exact, accuracy gate, optional interleaved latency gate")
     add_gate_arguments(p)

@@ -34,6 +34,7 @@ from mrcnn_bench.running.cases import (
 )
 
 if TYPE_CHECKING:  # the commands' modules load torch: imported by each command when it runs
+    from mrcnn_bench.changes.bisection import BisectOptions
     from mrcnn_bench.gates.ab import CompareOptions
     from mrcnn_bench.gates.gate import GateOptions
     from mrcnn_bench.running.runner import RunOptions
@@ -53,10 +54,11 @@ def _limits() -> str:
     return ", ".join(f"{seconds:g} for {preset}" for preset, seconds in DEFAULT_TIME_LIMIT.items())
 
 
-def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> None:
+def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str, per: str = "") -> None:
     """Options shared by ``run`` and ``compare`` (live): what to run and how.
 
-    ``rounds``: the command's default number of rounds; ``cases``: its default cases, as help text.
+    ``rounds``: the command's default number of rounds; ``cases``: its default cases, as help text;
+    ``per``: what times the rounds, when not the whole run ("each process pair times").
     """
     p.add_argument("--preset", default="tiny",
                    help=f"config preset: {', '.join(sorted(PRESETS))} (default: %(default)s)")
@@ -73,7 +75,8 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str) -> No
     p.add_argument("--images", type=int, default=None,
                    help=f"distinct images: of a fixed --image-size (default: {defaults.RUN_IMAGES}), or of run's "
                         f"default stream, its first N sizes (default: {STREAM_IMAGES})")
-    p.add_argument("--rounds", type=int, default=rounds, help="interleaved timed rounds (default: %(default)s)")
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help=f"interleaved timed rounds{' ' + per if per else ''} (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=defaults.RUN_WARMUP,
                    help="untimed calls per row, at least one per distinct input; the first is time to first "
                         "result (default: %(default)s)")
@@ -186,8 +189,8 @@ def compare_options(args: argparse.Namespace) -> CompareOptions:
             raise UsageError(f"{flag} must be in [0, 1), got {fraction}")
     opts = ab.CompareOptions(args.a, args.b, overrides_a=tuple(args.set_a), overrides_b=tuple(args.set_b),
                              slowdown_a=args.inject_slowdown_a, slowdown_b=args.inject_slowdown,
-                             threshold=args.threshold, alpha=args.alpha, between_run_sd=args.between_run_sd,
-                             out=args.out)
+                             pairs=args.pairs, threshold=args.threshold, alpha=args.alpha,
+                             between_run_sd=args.between_run_sd, out=args.out)
     if not ab.are_run_files(args.a, args.b):
         for spec in (args.a, args.b):
             if not gate.is_code(spec):
@@ -205,6 +208,7 @@ def gate_options(args: argparse.Namespace) -> GateOptions:
         preset=args.preset, baseline=args.baseline, write_baseline=args.write_baseline,
         skip_compile=args.skip_compile, accuracy=args.accuracy, checkpoint=args.checkpoint,
         accuracy_out=args.accuracy_out, latency_against=args.latency_against, latency_rounds=args.latency_rounds,
+        latency_pairs=args.latency_pairs,
         inject=args.inject, out=args.out, progress=not args.no_progress)
     if not args.skip_compile and args.cases:  # parsed only when used, as the check itself would
         opts.cases = parse_cases(args.cases)
@@ -217,7 +221,7 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", help="run file (.json), or git ref / checkout directory to run live")
     p.add_argument("b", help="run file (.json), or git ref / checkout directory to run live")
     add_run_arguments(p, rounds=defaults.COMPARE_ROUNDS, cases=f"{defaults.COMPARE_CASES} when live, "
-                      "every row both run files hold")
+                      "every row both run files hold", per="each process pair times")
     p.add_argument("--set-a", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
                    help="config override for A only (live)")
     p.add_argument("--set-b", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
@@ -227,8 +231,12 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                         "(e.g. 0.1; tests the latency gate; default: %(default)s)")
     p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
                    help="the same for A (default: %(default)s)")
-    p.add_argument("--threshold", type=bounded(float, 0), default=defaults.THRESHOLD,
-                   help="relative slowdown that counts (default: %(default)s)")
+    p.add_argument("--pairs", type=bounded(int, 1, 1000), default=defaults.COMPARE_PAIRS, metavar="K",
+                   help="live: pairs of fresh processes, the unit of the test; 1 times one process per side and "
+                        "tests its rounds, blind to each process's level (default: %(default)s)")
+    p.add_argument("--threshold", type=bounded(float, 0), default=None,
+                   help=f"relative slowdown that counts (default: {defaults.PAIR_THRESHOLD:g} across process pairs, "
+                        f"{defaults.THRESHOLD:g} with --pairs 1 and for run files)")
     p.add_argument("--alpha", type=float, default=defaults.ALPHA,
                    help="family-wise error rate over the cases (Holm; default: %(default)s)")
     p.add_argument("--between-run-sd", type=float, default=defaults.BETWEEN_RUN_SD, metavar="SD",
@@ -239,3 +247,29 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, metavar="FILE", help="write the comparison as JSON")
 
 
+def add_bisect_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("good", help="a git ref not slower (the baseline every commit is compared with)")
+    p.add_argument("bad", help="a later git ref on the same line, slower")
+    add_run_arguments(p, rounds=defaults.COMPARE_ROUNDS, cases=defaults.COMPARE_CASES,
+                      per="each process pair times")
+    p.add_argument("--pairs", type=bounded(int, 2, 1000), default=defaults.COMPARE_PAIRS, metavar="K",
+                   help="process pairs of each compare (default: %(default)s)")
+    p.add_argument("--threshold", type=bounded(float, 0), default=defaults.PAIR_THRESHOLD,
+                   help="relative slowdown against GOOD that counts (default: %(default)s)")
+    p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True), default=defaults.ALPHA,
+                   help="family-wise error rate over the cases of each compare (Holm; default: %(default)s)")
+    p.add_argument("--out", default=None, metavar="FILE", help="write every compare's verdict as JSON")
+
+
+def bisect_options(args: argparse.Namespace) -> BisectOptions:
+    """:class:`~mrcnn_bench.changes.bisection.BisectOptions` from the flags; UsageError before anything is measured."""
+    from mrcnn_bench.changes import bisection  # lazy: loads torch
+
+    if not 0 < args.alpha < 1:
+        raise UsageError(f"--alpha must be in (0, 1), got {args.alpha}")
+    if args.rounds % 2:
+        raise UsageError(f"--rounds must be even (each side first in half of a pair's rounds), got {args.rounds}")
+    bisection.commits_between(args.good, args.bad)  # the refs and the line checked before anything is built
+    return bisection.BisectOptions(args.good, args.bad, cases=parse_cases(args.cases or defaults.COMPARE_CASES),
+                                run=run_options(args, rows=[]), pairs=args.pairs, threshold=args.threshold,
+                                alpha=args.alpha, out=args.out)

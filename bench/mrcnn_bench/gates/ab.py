@@ -1,15 +1,19 @@
 """``mrcnn-bench compare A B``: B against A, slowdowns beyond a threshold flagged (Holm-corrected).
 
-A and B are either two pieces of code run live and interleaved in one run (A B A B ..., order
-alternating): git refs (checked out into temporary worktrees), checkout directories, or ``.`` for
-the working tree (what the latency gate uses); or two stored run files. Two run files are compared
-only when their settings match (:func:`check_comparable`; else ValueError, exit 2), and through
-each row's per-round ratio to its own run's reference row (torchvision eager, timed interleaved
-with it), which cancels drift between the runs; a run without the reference row cannot be compared.
+A and B are either two pieces of code run live: git refs (checked out into temporary worktrees),
+checkout directories, or ``.`` for the working tree (what the latency gate uses); or two stored run
+files. Live, they run as K pairs of fresh processes (:mod:`mrcnn_bench.gates.pairs`), each pair
+timing A and B interleaved (A B, B A, ...), and the pair is the unit of the test
+(:func:`mrcnn_bench.gates.stats.compare_pairs`); with one pair (``--pairs 1``) the rounds of that
+one pair are the unit (:func:`mrcnn_bench.gates.stats.compare_latency`), blind to process levels.
+Two run files are compared only when their settings match (:func:`check_comparable`; else
+UsageError, exit 2), and through each row's per-round ratio to its own run's reference row
+(torchvision eager, timed interleaved with it), which cancels drift between the runs; a run without
+the reference row cannot be compared.
 
-Latency: :func:`mrcnn_bench.gates.stats.compare_latency`'s paired rule on each case, its p-values
-Holm-corrected across the cases of the comparison; every ratio comes with its 95% interval and
-``n``, and a case with fewer than :data:`~mrcnn_bench.gates.stats.MIN_SAMPLES` samples gets no ratio.
+Latency: each case's p-value Holm-corrected across the cases of the comparison; every ratio comes
+with its 95% interval and what it rests on (pairs, rounds), and a case with fewer than
+:data:`~mrcnn_bench.gates.stats.MIN_SAMPLES` samples gets no ratio.
 Deterministic metrics (compile counts, graph breaks, FLOPs) are compared exactly.
 """
 
@@ -28,15 +32,17 @@ from typing import Any
 
 import pandas as pd
 
-from mrcnn_bench.base import defaults, vcs
+from mrcnn_bench.base import defaults, timing, vcs
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates import pairs as process_pairs
 from mrcnn_bench.gates import stats
 from mrcnn_bench.running import runner, store
-from mrcnn_bench.running.cases import REFERENCE, Case, Row, Variant
-from mrcnn_bench.running.records import Record, RunDocument, as_number, to_document
+from mrcnn_bench.running.cases import REFERENCE, Case, Variant
+from mrcnn_bench.running.records import Record, RunDocument, as_number
 
 EXACT_METRICS = ("uncached_compile", "fallback_ops", "unique_graphs", "graph_breaks", "recompiles", "flops")
+MAX_PAIRS = 1000
 # Must match across run files.
 COMPARABLE = ("preset", "image_size", "batch_size", "overrides", "threads", "cpu", "subnormals")
 
@@ -57,7 +63,8 @@ class CompareOptions:
     overrides_b: tuple[tuple[str, Any], ...] = ()
     slowdown_a: float = 0.0  # extra inference work of A only (live; see mrcnn_bench.running.slowdown)
     slowdown_b: float = 0.0
-    threshold: float | None = None  # relative slowdown that counts (None: the stats module's default)
+    pairs: int = defaults.COMPARE_PAIRS  # live: process pairs (1: one process per side, per-round test)
+    threshold: float | None = None  # relative slowdown that counts (None: the default of the test used)
     alpha: float = defaults.ALPHA  # family-wise error rate over the cases (Holm)
     between_run_sd: float = defaults.BETWEEN_RUN_SD  # run files only: the spread of levels between runs
     out: str | None = None  # write the comparison as JSON here
@@ -70,6 +77,8 @@ class CompareOptions:
             raise UsageError(f"alpha must be in (0, 1), got {self.alpha}")
         if not self.between_run_sd >= 0.0:
             raise UsageError(f"the between-run sd must be >= 0, got {self.between_run_sd}")
+        if not 1 <= self.pairs <= MAX_PAIRS:
+            raise UsageError(f"--pairs must be in [1, {MAX_PAIRS}], got {self.pairs}")
 
 
 def are_run_files(a: str, b: str) -> bool:
@@ -222,13 +231,20 @@ def exact_changes(ra: Record, rb: Record) -> str:
 def describe(v: stats.LatencyVerdict, p_holm: float) -> str:
     """'B is 9.8% slower (ratio 1.098, 95% CI 1.07-1.12, n=25, Holm p=2e-06): REGRESSION beyond 5%'."""
     change = f"{abs(v.estimate - 1):.1%} {'slower' if v.estimate > 1 else 'faster'}"
-    test = (f"z-test against {v.threshold:.0%} slower, between-run sd {v.between_run_sd:.3f}" if v.rule == "stored"
-            else f"Wilcoxon against {v.threshold:.0%} slower")
-    head = (f"B is {change} (ratio {v.estimate:.3f}, 95% CI {v.ci_low:.3f}-{v.ci_high:.3f}, n={v.rounds}, "
+    beyond = f"{v.threshold:.1%}".replace(".0%", "%")
+    if v.rule == "stored":
+        test, n = f"z-test against {beyond} slower, between-run sd {v.between_run_sd:.3f}", f"n={v.rounds}"
+    elif v.rule == "pairs":
+        test = (f"t-test across pairs against {beyond} slower; between-process sd {v.process_sd:.3f}, "
+                f"round sd {v.round_sd:.3f}")
+        n = f"{v.pairs} process pairs x {v.rounds} rounds"
+    else:
+        test, n = f"Wilcoxon against {beyond} slower, one process per side", f"n={v.rounds}"
+    head = (f"B is {change} (ratio {v.estimate:.3f}, 95% CI {v.ci_low:.3f}-{v.ci_high:.3f}, {n}, "
             f"p={p_holm:.2g} Holm-adjusted, {test})")
     if p_holm < v.alpha:
-        return f"{head}: REGRESSION beyond {v.threshold:.0%} at alpha {v.alpha:g}"
-    return f"{head}: no regression beyond {v.threshold:.0%} shown at alpha {v.alpha:g}"
+        return f"{head}: REGRESSION beyond {beyond} at alpha {v.alpha:g}"
+    return f"{head}: no regression beyond {beyond} shown at alpha {v.alpha:g}"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,24 +271,87 @@ def checkout(spec: str) -> Iterator[str]:
             vcs.run(store.REPO, "worktree", "remove", "--force", tmp, check=False)
 
 
-def run_live(opts: CompareOptions) -> tuple[list[Record], list[Record], RunDocument]:
-    """Run A and B interleaved in one run (each in a worker importing its own code)."""
+def run_live(opts: CompareOptions) -> list[process_pairs.Pair]:
+    """Run A and B as ``opts.pairs`` pairs of processes (each worker importing its own code)."""
     if opts.run is None:
         raise ValueError("a live comparison needs run options")
+    if opts.pairs > 1 and opts.run.rounds % 2:
+        raise UsageError(f"--rounds must be even with --pairs above 1 (each side first in half), got {opts.run.rounds}")
     with checkout(opts.a) as code_a, checkout(opts.b) as code_b:
         va = Variant("A", code_a, opts.overrides_a, opts.slowdown_a)
         vb = Variant("B", code_b, opts.overrides_b, opts.slowdown_b)
-        rows = [Row(c, v) for c in opts.cases for v in (va, vb)]
-        out = runner.run(dataclasses.replace(opts.run, rows=rows))
-    doc = to_document(out.rows, out.info, "compare", store.environment(out.info.threads, opts.run.seed))
-    recs = doc.records
-    return [r for r in recs if r.variant == "A"], [r for r in recs if r.variant == "B"], doc
+        return process_pairs.run_pairs(opts.run, opts.cases, (va, vb), opts.pairs)
+
+
+def live_table(pairs: list[process_pairs.Pair], threshold: float | None, alpha: float) -> pd.DataFrame:
+    """The table of a live comparison: across pairs, or, for one pair, across its rounds."""
+    if len(pairs) == 1:
+        return compare_records(pairs[0].a, pairs[0].b, threshold, alpha=alpha)
+    return pairs_table(pairs, defaults.PAIR_THRESHOLD if threshold is None else threshold, alpha)
+
+
+def pairs_table(pairs: list[process_pairs.Pair], threshold: float, alpha: float) -> pd.DataFrame:
+    """One line per case: :func:`mrcnn_bench.gates.stats.compare_pairs`'s verdict, Holm-adjusted over
+    the cases, with the noise this comparison measured (``process_sd``, ``round_sd``). A case that
+    failed on either side in any pair is not tested, and its line names the pairs."""
+    lines, verdicts = [], []
+    for case in dict.fromkeys(r.case for r in pairs[0].b if r.status != "skipped"):
+        sides = [(_record(p.a, case), _record(p.b, case)) for p in pairs]
+        ra, rb = sides[0]
+        line: dict[str, Any] = {
+            "case": case, "pairs": len(pairs), "n": min(min(len(a.times_s), len(b.times_s)) for a, b in sides),
+            "median_a_s": as_number(ra.median_s), "median_b_s": as_number(rb.median_s),
+            "ratio_b_over_a": math.nan, "ci95": "", "p_value": math.nan, "regression": False, "verdict": "",
+            "process_sd": math.nan, "round_sd": math.nan, "exact_changes": exact_changes(ra, rb),
+        }
+        failed = [f"pair {k + 1}: A {a.status}, B {b.status}" for k, (a, b) in enumerate(sides)
+                  if a.status != "ok" or b.status != "ok"]
+        verdict = None
+        if failed:
+            line["verdict"] = "; ".join(failed)
+        elif line["n"] < 2 or len(pairs) < stats.MIN_PAIRS:
+            line["verdict"] = (f"{len(pairs)} pairs of {line['n']} rounds: too few for a test across pairs "
+                               f"(at least {stats.MIN_PAIRS} pairs of 2 rounds)")
+        else:
+            verdict = stats.compare_pairs([a.times_s for a, _ in sides], [b.times_s for _, b in sides],
+                                          [p.a_first for p in pairs], threshold=threshold, alpha=alpha)
+            # Medians over every pair's rounds: one pair's would carry its two processes' levels.
+            line.update(ratio_b_over_a=verdict.estimate, ci95=f"{verdict.ci_low:.3f}-{verdict.ci_high:.3f}",
+                        process_sd=verdict.process_sd, round_sd=verdict.round_sd, median_a_s=verdict.median_a,
+                        median_b_s=verdict.median_b)
+        lines.append(line)
+        verdicts.append(verdict)
+    tested = [i for i, v in enumerate(verdicts) if v is not None]
+    for i, p in zip(tested, stats.holm([verdicts[i].p_value for i in tested]), strict=True):
+        lines[i].update(p_value=p, regression=bool(p < alpha), verdict=describe(verdicts[i], p))
+    return pd.DataFrame.from_records(lines)
+
+
+def _record(records: list[Record], case: str) -> Record:
+    found = next((r for r in records if r.case == case), None)
+    if found is None:  # every pair runs the same rows: a missing one is a bug, not an input
+        raise ValueError(f"{case}: missing from a pair's records")
+    return found
+
+
+def design_line(opts: CompareOptions, pairs: int, seconds: float) -> str:
+    """What the live verdict rests on: pairs, rounds, the test, and the noise model the defaults were sized on."""
+    rounds = opts.run.rounds if opts.run else 0
+    if pairs == 1:
+        return (f"1 pair of processes x {rounds} rounds, {seconds:.0f} s: the rounds are the unit, so each side's "
+                "process level is in the ratio but not in its interval (--pairs 2 or more to include it)")
+    return (f"{pairs} pairs of processes x {rounds} rounds, {seconds:.0f} s; the pair is the unit "
+            f"({defaults.PAIR_TEST}). The defaults ({defaults.COMPARE_PAIRS} pairs x {defaults.COMPARE_ROUNDS} "
+            f"rounds, threshold {defaults.PAIR_THRESHOLD:.0%}) were sized on a between-process sd of "
+            f"{defaults.PROCESS_SD} and a round sd of {defaults.ROUND_SD} (results/compare_pairs/design.md); "
+            "this comparison's own are in its table.")
 
 
 def compare(opts: CompareOptions) -> int:
     """Print the comparison; -> 1 when a regression is flagged, else 2 when a case could not be
     tested (an error, too few samples), else 0 (ValueError: cannot be compared)."""
     doc: RunDocument | None = None
+    pairs: list[process_pairs.Pair] = []
     if are_run_files(opts.a, opts.b):
         doc_a, doc_b = store.load(opts.a), store.load(opts.b)
         check_comparable(doc_a, doc_b)
@@ -282,10 +361,14 @@ def compare(opts: CompareOptions) -> int:
               f"allows for a between-run sd of {opts.between_run_sd:g} (--between-run-sd): each process settles "
               "at a level of its own, so only a slowdown well beyond the threshold can be told from it. "
               "To gate, compare the two pieces of code live.")
+        table = compare_records(recs_a, recs_b, opts.threshold, relative=True, alpha=opts.alpha,
+                                between_run_sd=opts.between_run_sd)
     else:
-        recs_a, recs_b, doc = run_live(opts)
-    table = compare_records(recs_a, recs_b, opts.threshold, relative=doc is None, alpha=opts.alpha,
-                            between_run_sd=opts.between_run_sd)
+        clock = timing.Stopwatch()
+        pairs = run_live(opts)
+        doc = pairs[0].doc
+        table = live_table(pairs, opts.threshold, opts.alpha)
+        print(design_line(opts, len(pairs), clock.elapsed()))
     if table.empty:
         raise UsageError("no case ran in both A and B")
     print(table.to_markdown(index=False, floatfmt=".4g"))
@@ -300,6 +383,10 @@ def compare(opts: CompareOptions) -> int:
         print(f"NOT DECIDED {line['case']}: {line['verdict']}", file=sys.stderr)
     if opts.out:
         out = {"a": opts.a, "b": opts.b, "comparison": json.loads(table.to_json(orient="records")),
-               "run": doc.to_dict() if doc is not None else None}
+               "run": doc.to_dict() if doc is not None else None,
+               # Every pair's timings, to recompute the verdict; "run" is the first pair's whole run.
+               "pairs": [{"a_first": p.a_first, "seconds": p.seconds,
+                          "rows": {r.row: {"status": r.status, "times_s": r.times_s} for r in p.doc.records}}
+                         for p in pairs]}
         atomic_write(opts.out, json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
     return 1 if len(flagged) else 2 if len(untested) else 0

@@ -14,8 +14,8 @@ Checks, each against a baseline in ``baselines/``:
    (torch_xla's ``PT_XLA_DEBUG_LEVEL=2`` report), with the input shape of the call it happened in.
 2. **Accuracy.** :func:`mrcnn_bench.gates.accuracy_gate.check_accuracy` with the CI-sized recipe: box and mask AP
    must stay above the stored baseline minus its tolerance (``baselines/accuracy/ci.json``).
-3. **Latency (optional, ``--latency-against REF``).** The working tree against ``REF``
-   interleaved (:mod:`mrcnn_bench.gates.ab`), failing on a flagged regression. CI does not run it:
+3. **Latency (optional, ``--latency-against REF``).** The working tree against ``REF`` in process
+   pairs, as ``compare`` runs them (:mod:`mrcnn_bench.gates.ab`), failing on a flagged regression. CI does not run it:
    absolute times on a shared machine are not a gate, and a pair of installs takes minutes.
 
 ``--write-baseline`` records the current compile counts as the new baseline (commit the file with
@@ -72,6 +72,7 @@ class GateOptions:
     latency_against: str | None = None  # git ref: also gate latency, the working tree against it
     latency_cases: list[Case] = field(default_factory=lambda: parse_cases(defaults.COMPARE_CASES))
     latency_rounds: int | None = None  # default: compare's
+    latency_pairs: int = defaults.COMPARE_PAIRS  # process pairs of the latency check
     inject: str | None = None  # test only: a fault of defaults.INJECTIONS
     out: str | None = None  # write the measurements and verdicts as JSON
     progress: bool = True  # of the accuracy check's training (mrcnn.progress)
@@ -128,6 +129,10 @@ def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
         problems.append(f"--checkpoint {opts.checkpoint}: no such file or folder")
     if opts.latency_against and not is_code(opts.latency_against):
         problems.append(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
+    rounds = opts.latency_rounds or defaults.COMPARE_ROUNDS
+    if opts.latency_against and opts.latency_pairs > 1 and rounds % 2:
+        problems.append(f"--latency-rounds {rounds}: must be even with --latency-pairs above 1 (each side first "
+                        "in half)")
     if accuracy:
         try:
             get_recipe(opts.accuracy)  # TrainSetupError (a UsageError) for an unknown recipe
@@ -379,14 +384,15 @@ def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
 
 
 def check_latency(opts: GateOptions, report: dict[str, Any]) -> Verdict:
-    """The working tree against ``latency_against``, interleaved: a failure per flagged regression."""
+    """The working tree against ``latency_against``, in process pairs as ``compare`` runs them: a
+    failure per flagged regression."""
     assert opts.latency_against is not None
     run = RunOptions(workload=default_workload(LATENCY_PRESET), rows=[],
                      rounds=opts.latency_rounds or defaults.COMPARE_ROUNDS,
                      time_limit=default_time_limit(LATENCY_PRESET), peak_reps=0, flops=False)
-    compare = ab.CompareOptions(opts.latency_against, ".", cases=opts.latency_cases, run=run)
-    recs_a, recs_b, _ = ab.run_live(compare)
-    table = ab.compare_records(recs_a, recs_b)
+    compare = ab.CompareOptions(opts.latency_against, ".", cases=opts.latency_cases, run=run,
+                                pairs=opts.latency_pairs)
+    table = ab.live_table(ab.run_live(compare), None, compare.alpha)
     report["latency"] = json.loads(table.to_json(orient="records"))
     compared = set(table["case"]) if not table.empty else set()
     verdict = Verdict(undecided=[f"latency: {c.name} did not run on both sides" for c in opts.latency_cases

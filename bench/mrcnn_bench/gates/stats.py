@@ -18,6 +18,12 @@ one-sided Mann-Whitney U test of ``log b - log(1 + threshold)`` against ``log a`
 rounds inflates its spread. ``p_wilcoxon`` and ``p_mannwhitney`` keep the tests against "no change"
 for information: they decide nothing.
 
+``rule="pairs"`` (:func:`compare_pairs`, what a live ``compare`` uses by default) takes K pairs of
+fresh processes, each pair timing A and B interleaved: the unit is the pair, not the round. Each
+pair's mean log ratio ``d[k]`` carries the two processes' levels, so a one-sided t-test of the
+pairs' mean against ``log(1 + threshold)`` has the between-process component in its interval by
+construction; which process started first is a covariate when both orders ran.
+
 ``rule="stored"`` (:func:`compare_stored`, what ``compare A.json B.json`` uses) compares two separate
 runs, whose rounds are not paired and whose levels differ from process to process: a z-test of the
 difference of the runs' mean log ratios that allows for the between-run spread measured by
@@ -42,7 +48,8 @@ from scipy import stats
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.errors import UsageError
 
-RULES = ("paired", "unpaired", "stored")
+RULES = ("paired", "unpaired", "stored", "pairs")
+MIN_PAIRS = 3  # fewer process pairs than this: no pair test (no variance across pairs to speak of)
 MIN_SAMPLES = 3  # fewer timed samples than this: no median, ratio or verdict is shown
 _Z95 = float(stats.norm.ppf(0.975))
 
@@ -51,8 +58,9 @@ _Z95 = float(stats.norm.ppf(0.975))
 class LatencyVerdict:
     """The comparison of B against A. Ratios are B / A: above 1 means B is slower."""
 
-    rule: str  # what decides ``regression``: "paired" (Wilcoxon), "unpaired" (Mann-Whitney), "stored" (z)
-    rounds: int  # samples per side (n)
+    rule: str  # what decides ``regression``: "paired" (Wilcoxon), "unpaired" (Mann-Whitney), "stored" (z),
+    # "pairs" (t over process pairs)
+    rounds: int  # samples per side (n); "pairs": rounds per process, the fewest of any pair
     median_a: float
     median_b: float
     ratio: float  # median(b) / median(a)
@@ -67,11 +75,15 @@ class LatencyVerdict:
     alpha: float
     regression: bool  # by ``rule``, before any correction across cases
     between_run_sd: float = math.nan  # "stored": the sd of log(B/A) between runs that the test allows for
+    pairs: int = 0  # "pairs": process pairs the test rests on (its unit)
+    process_sd: float = math.nan  # "pairs": sd of a pair's log(B/A) beyond its rounds' noise (process levels)
+    round_sd: float = math.nan  # "pairs": sd of one round's log(B/A) within a process, pooled over pairs
+    order_effect: float = math.nan  # "pairs": d with A's process started first minus with B's (log), when both ran
 
     @property
     def estimate(self) -> float:
         """The ratio the decision rule uses."""
-        return self.paired_ratio if self.rule == "paired" else self.ratio
+        return self.paired_ratio if self.rule == "paired" else self.ratio  # "pairs": exp of the pairs' mean
 
     @property
     def p_value(self) -> float:
@@ -80,9 +92,10 @@ class LatencyVerdict:
 
     def regression_by(self, rule: str) -> bool:
         """The verdict ``rule`` would give on the same samples (to compare the rules)."""
-        if "stored" in (rule, self.rule) and rule != self.rule:
-            raise ValueError("a stored-run verdict holds no per-round rule's p-value, nor the reverse")
-        if rule in ("paired", "stored"):
+        own = ("stored", "pairs")  # rules whose p-value only their own verdict holds
+        if (rule in own or self.rule in own) and rule != self.rule:
+            raise ValueError(f"a {self.rule} verdict holds no p-value of the {rule} rule")
+        if rule in ("paired", "stored", "pairs"):
             return self.p_beyond < self.alpha
         if rule == "unpaired":
             return self.p_beyond_unpaired < self.alpha
@@ -106,8 +119,8 @@ def holm(p_values: Sequence[float]) -> list[float]:
 
 def min_p_value(rule: str, rounds: int) -> float:
     """Smallest one-sided p-value ``rule``'s exact test can give with ``rounds`` samples per side
-    (the stored rule's z-test has no floor: 0)."""
-    if rule == "stored":
+    (the stored rule's z-test and the pairs' t-test have no floor: 0)."""
+    if rule in ("stored", "pairs"):
         return 0.0
     if rule == "paired":
         return 0.5**rounds  # every round has B slower
@@ -194,8 +207,8 @@ def compare_latency(
     mismatched or non-positive samples, and when there are too few rounds for the test ever to
     reach ``alpha`` (a gate that could never fire).
     """
-    if rule not in RULES:
-        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule not in ("paired", "unpaired"):  # the others take other samples: compare_stored, compare_pairs
+        raise ValueError(f"rule must be 'paired' or 'unpaired', got {rule!r}")
     _check_parameters(threshold, alpha)
     xa, xb = _check_pair(a, b)
     if min_p_value(rule, xa.size) >= alpha:
@@ -264,4 +277,62 @@ def compare_stored(
         p_beyond=p_beyond,
         p_beyond_unpaired=float(stats.mannwhitneyu(lb - shift, la, alternative="greater").pvalue),
         threshold=threshold, alpha=alpha, regression=p_beyond < alpha, between_run_sd=between_run_sd,
+    )
+
+
+def compare_pairs(
+    a: Sequence[Sequence[float]],
+    b: Sequence[Sequence[float]],
+    a_first: Sequence[bool],
+    threshold: float = defaults.PAIR_THRESHOLD,
+    alpha: float = defaults.ALPHA,
+) -> LatencyVerdict:
+    """Compare K process pairs: ``a[k]`` and ``b[k]`` are pair k's interleaved timings (seconds per
+    call, round i of each taken moments apart), ``a_first[k]`` whether A's process started first.
+
+    ``d[k]`` is the mean over pair k's rounds of ``log(b/a)``. With two or more pairs of each start
+    order, the estimate is the average of the two orders' mean ``d`` and its variance comes from
+    the pooled spread within each order (K - 2 degrees of freedom), so an effect of which process
+    started first cancels and does not widen the interval; otherwise the plain mean of ``d`` (K - 1).
+    One-sided t-test of "B slower by more than ``threshold``"; the 95% interval is two-sided.
+    ``process_sd`` and ``round_sd`` are the noise model this comparison itself measured.
+    UsageError on fewer than :data:`MIN_PAIRS` pairs or a pair with fewer than 2 rounds.
+    """
+    _check_parameters(threshold, alpha)
+    if not len(a) == len(b) == len(a_first):
+        raise UsageError(f"one A, one B and one start order per pair, got {len(a)}, {len(b)} and {len(a_first)}")
+    if len(a) < MIN_PAIRS:
+        raise UsageError(f"{len(a)} process pair(s) are too few for a test across pairs: at least {MIN_PAIRS}")
+    logs = [np.log(xb / xa) for xa, xb in (_check_pair(pa, pb) for pa, pb in zip(a, b, strict=True))]
+    if min(x.size for x in logs) < 2:
+        raise UsageError("each process pair needs 2 or more rounds for its spread")
+    d = np.array([x.mean() for x in logs])
+    first = np.asarray(a_first, dtype=bool)
+    groups = [d[first], d[~first]]
+    if min(g.size for g in groups) >= 2:
+        mean = 0.5 * (groups[0].mean() + groups[1].mean())
+        df = d.size - 2
+        pooled = sum(((g - g.mean()) ** 2).sum() for g in groups) / df
+        se = math.sqrt(pooled / 4 * sum(1 / g.size for g in groups))
+        order_effect = float(groups[0].mean() - groups[1].mean())
+    else:
+        mean, df = float(d.mean()), d.size - 1
+        pooled, se, order_effect = float(d.var(ddof=1)), float(d.std(ddof=1) / math.sqrt(d.size)), math.nan
+    round_var = float(np.mean([x.var(ddof=1) for x in logs]))
+    mean_rounds = float(np.mean([x.size for x in logs]))
+    shift = math.log1p(threshold)
+    if se > 0:
+        p_beyond = float(stats.t.sf((mean - shift) / se, df))
+        half = float(stats.t.ppf(0.975, df)) * se
+    else:  # every pair read the same: no spread to test against
+        p_beyond, half = (0.0 if mean > shift else 1.0), 0.0
+    all_a, all_b = np.concatenate([np.asarray(x, float) for x in a]), np.concatenate([np.asarray(x, float) for x in b])
+    return LatencyVerdict(
+        rule="pairs", rounds=min(x.size for x in logs), median_a=float(np.median(all_a)),
+        median_b=float(np.median(all_b)), ratio=math.exp(mean), paired_ratio=math.nan,
+        ci_low=math.exp(mean - half), ci_high=math.exp(mean + half), p_wilcoxon=math.nan, p_mannwhitney=math.nan,
+        p_beyond=p_beyond, p_beyond_unpaired=math.nan, threshold=threshold, alpha=alpha,
+        regression=p_beyond < alpha, pairs=int(d.size),
+        process_sd=math.sqrt(max(pooled - round_var / mean_rounds, 0.0)), round_sd=math.sqrt(round_var),
+        order_effect=order_effect,
     )

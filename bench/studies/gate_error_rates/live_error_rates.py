@@ -173,8 +173,8 @@ def summary(out: Path) -> int:
     lines += ["", f"Goals: false alarms <= {GOALS['aa']:.0%} on the interval's upper bound (proved), a 10% "
               f"slowdown detected >= {GOALS['slow10']:.0%} on the point estimate (its interval is in the "
               "table: 30 trials cannot prove it). Smallest round "
-              f"count meeting both: {chosen if chosen is not None else 'none of ' + str(ROUND_COUNTS)}; the "
-              f"compare default is {defaults.COMPARE_ROUNDS}."]
+              f"count meeting both: {chosen if chosen is not None else 'none of ' + str(ROUND_COUNTS)} "
+              "(the rule of `compare --pairs 1`, one process per side)."]
     lines += ["", "What B measured as (geometric-mean ratio B/A per trial; mean over trials with its 95% "
               "t-interval; then over the rounds in which A, or B, ran first):", "",
               "| kind | nominal slowdown | trials | ratio B/A | 95% CI | A first | B first |",
