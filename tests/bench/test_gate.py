@@ -195,10 +195,13 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
     absent = str(tmp_path / "absent")
     return {
         "run": [["--rounds", "-1"], ["--weights", absent + ".pt"], ["--out", str(tmp_path), "--name", "../escape"]],
-        "compare": [["a.json", "b.json", "--bogus"], [absent + "_a.json", absent + "_b.json"], [absent, "."]],
+        "compare": [["a.json", "b.json", "--bogus"], [absent + "_a.json", absent + "_b.json"], [absent, "."],
+                    [".", ".", "--pairs", "2"], [".", ".", "--rounds", "7"], [".", ".", "--pairs", "0"]],
         "bisect": [["HEAD~1"], ["HEAD~1", "HEAD", "--pairs", "1"], ["HEAD~1", "HEAD", "--rounds", "3"],
                    [f"--output={absent}", "HEAD"], ["HEAD", "HEAD~1"]],
-        "gate": [["--cases", "static/nope"], ["--accuracy", "none", "--baseline", absent + ".json"]],
+        "gate": [["--cases", "static/nope"], ["--accuracy", "none", "--baseline", absent + ".json"],
+                 ["--skip-compile", "--accuracy", "none", "--latency-against", "HEAD", "--latency-pairs", "2"],
+                 ["--skip-compile", "--accuracy", "none", "--latency-against", "HEAD", "--latency-rounds", "7"]],
         "accuracy-gate": [["--bogus"], ["--checkpoint", absent + ".pt"]],
         "export-time": [[absent + ".pt2", "--rounds", "0"], [absent + ".pt2"]],
         "check-benchmarks": [["--expect", "static/nope", absent + ".json"], [absent + ".json"]],

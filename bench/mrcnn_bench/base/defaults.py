@@ -21,6 +21,7 @@ COMPARE_CASES = "static/eager"
 COMPARE_PAIRS = 18  # process pairs, A and B alternating which starts first
 COMPARE_ROUNDS = 32  # interleaved rounds timed by each pair (even: each side runs first in half)
 PAIR_THRESHOLD = 0.01  # relative slowdown that counts, tested across pairs
+MIN_PAIRS = 3  # fewer process pairs than this leave no spread across pairs to test against
 # The noise the pairs were sized on, the larger of the two measured models for each (static/eager,
 # tiny, 2 threads): the sd of a pair's mean log(B/A) between pairs beyond its rounds' noise (72 one-pair
 # A/A compares), and of one round's log(B/A) within a process (48 pairs on AMD EPYC f25m17).

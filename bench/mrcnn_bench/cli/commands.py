@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bisect_arguments(p)
     p.set_defaults(func=cmd_bisect)
 
-    p = sub.add_parser("gate", help="compile counts exact, accuracy gate, optional interleaved latency gate")
+    p = sub.add_parser("gate", help="compile counts exact, accuracy gate, optional latency gate in process pairs")
     add_gate_arguments(p)
     p.set_defaults(func=cmd_gate)
 

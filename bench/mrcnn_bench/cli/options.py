@@ -191,6 +191,9 @@ def compare_options(args: argparse.Namespace) -> CompareOptions:
                              slowdown_a=args.inject_slowdown_a, slowdown_b=args.inject_slowdown,
                              pairs=args.pairs, threshold=args.threshold, alpha=args.alpha,
                              between_run_sd=args.between_run_sd, out=args.out)
+    if 1 < args.pairs < defaults.MIN_PAIRS:
+        raise UsageError(f"--pairs {args.pairs}: a test across pairs needs {defaults.MIN_PAIRS} or more; 1 times one "
+                         "process per side")
     if not ab.are_run_files(args.a, args.b):
         for spec in (args.a, args.b):
             if not gate.is_code(spec):
@@ -252,8 +255,8 @@ def add_bisect_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("bad", help="a later git ref on the same line, slower")
     add_run_arguments(p, rounds=defaults.COMPARE_ROUNDS, cases=defaults.COMPARE_CASES,
                       per="each process pair times")
-    p.add_argument("--pairs", type=bounded(int, 2, 1000), default=defaults.COMPARE_PAIRS, metavar="K",
-                   help="process pairs of each compare (default: %(default)s)")
+    p.add_argument("--pairs", type=bounded(int, defaults.MIN_PAIRS, 1000), default=defaults.COMPARE_PAIRS,
+                   metavar="K", help="process pairs of each compare (default: %(default)s)")
     p.add_argument("--threshold", type=bounded(float, 0), default=defaults.PAIR_THRESHOLD,
                    help="relative slowdown against GOOD that counts (default: %(default)s)")
     p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True), default=defaults.ALPHA,

@@ -248,7 +248,7 @@ def describe(v: stats.LatencyVerdict, p_holm: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# Live: two pieces of code, interleaved in one run
+# Live: two pieces of code, in process pairs (each pair one interleaved run)
 
 
 @contextlib.contextmanager

@@ -130,6 +130,9 @@ def check_inputs(opts: GateOptions) -> tuple[list[Case], dict[str, Any]]:
     if opts.latency_against and not is_code(opts.latency_against):
         problems.append(f"--latency-against {opts.latency_against!r} is neither a directory nor a git ref of {REPO}")
     rounds = opts.latency_rounds or defaults.COMPARE_ROUNDS
+    if opts.latency_against and 1 < opts.latency_pairs < defaults.MIN_PAIRS:
+        problems.append(f"--latency-pairs {opts.latency_pairs}: a test across pairs needs {defaults.MIN_PAIRS} or "
+                        "more; 1 times one process per side")
     if opts.latency_against and opts.latency_pairs > 1 and rounds % 2:
         problems.append(f"--latency-rounds {rounds}: must be even with --latency-pairs above 1 (each side first "
                         "in half)")

@@ -10,10 +10,10 @@ value, its mean log ratio B/A, and :func:`mrcnn_bench.gates.stats.compare_pairs`
 pairs, so the between-process component is inside the interval by construction.
 
 What is measured once is measured by the first pair only: the ceiling and the FLOPs; the images
-and weights are built once and handed to every pair's workers. Every pair
-writes compiled code to one compile cache of the comparison's own (cold at the start, so the first
-pair's first-result times are a cold start's), so a later pair's inductor worker loads its kernels
-instead of compiling them again.
+and weights are built once and handed to every pair's workers. Every pair writes compiled code to
+one compile cache of the comparison's own, cold at the start (so the first pair's first-result
+times are a cold start's; ``--reuse-compile-cache``: the caller's cache instead), so a later pair's
+inductor worker loads its kernels instead of compiling them again.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from unittest import mock
 
+from mrcnn.progress import progress
 from mrcnn_bench.base import timing
 from mrcnn_bench.running import runner, store
 from mrcnn_bench.running.cases import Case, Row, Variant
@@ -44,10 +45,14 @@ class Pair:
 
 
 @contextlib.contextmanager
-def shared_compile_cache() -> Iterator[None]:
-    """One inductor cache for every pair, cold at the start and removed at the end. (Inductor keeps
-    its precompiled C++ header under the temporary folder, so the workers get one of their own too,
-    as a run with a fresh compile cache does.)"""
+def shared_compile_cache(fresh: bool = True) -> Iterator[None]:
+    """One inductor cache for every pair, cold at the start and removed at the end (``fresh``; else
+    the caller's cache, as ``--reuse-compile-cache`` asks). Inductor keeps its precompiled C++
+    header under the temporary folder, so the workers get one of their own too, as a run with a
+    fresh compile cache does."""
+    if not fresh:
+        yield
+        return
     with tempfile.TemporaryDirectory(prefix="mrcnn-pairs-") as tmp:
         os.mkdir(os.path.join(tmp, "tmp"))
         cold = {"TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor-cache"), "TMPDIR": os.path.join(tmp, "tmp")}
@@ -65,8 +70,9 @@ def run_pairs(run: runner.RunOptions, cases: list[Case], variants: tuple[Variant
     # Images and weights are built once: only the processes are fresh in each pair.
     context = runner.context_for(dataclasses.replace(run, rows=[Row(c, va) for c in cases]),
                                  run.threads or len(run.cpus or os.sched_getaffinity(0)))
-    with shared_compile_cache():
-        for k in range(pairs):
+    with shared_compile_cache(run.fresh_compile_cache):
+        # One bar over the pairs; a pair's own bar over its rounds only when there is one pair.
+        for k in progress(range(pairs), desc="process pairs", unit="pair", enabled=run.progress and pairs > 1):
             a_first = k % 2 == 0
             order = (va, vb) if a_first else (vb, va)
             rows = [Row(c, v) for c in cases for v in order]

@@ -49,7 +49,7 @@ from mrcnn_bench.base import defaults
 from mrcnn_bench.base.errors import UsageError
 
 RULES = ("paired", "unpaired", "stored", "pairs")
-MIN_PAIRS = 3  # fewer process pairs than this: no pair test (no variance across pairs to speak of)
+MIN_PAIRS = defaults.MIN_PAIRS  # fewer process pairs than this: no test across pairs
 MIN_SAMPLES = 3  # fewer timed samples than this: no median, ratio or verdict is shown
 _Z95 = float(stats.norm.ppf(0.975))
 
