@@ -25,6 +25,18 @@ Canvas = tuple[int, int]  # (height, width) of a padded input bucket, multiples 
 # ``mask_train_buckets="auto"`` (those below Q, then Q): powers of two, so that a batch's mask
 # branch runs on at most twice the slots it fills and compiled stages build few graphs.
 AUTO_MASK_BUCKETS = (8, 16, 32, 64, 128, 256, 512)
+# The largest canvas side a config may name: one 3 x 16384 x 16384 fp32 image is 3.2 GB already, and
+# a larger one fails deep inside an allocation rather than here.
+MAX_CANVAS_SIDE = 16384
+# Sizes and counts for which 0 or less means nothing (a zero divisor, an empty layer, no proposals).
+_POSITIVE = (
+    "fpn_channels", "min_size", "max_size", "size_divisible", "rpn_pre_nms_top_n_train", "rpn_pre_nms_top_n_test",
+    "rpn_post_nms_top_n_train", "rpn_post_nms_top_n_test", "rpn_batch_size_per_image", "representation_size",
+    "box_pre_nms_top_n", "box_batch_size_per_image", "mask_dilation", "mask_dim_reduced", "mask_roi_size",
+    "max_gt_instances", "gt_mask_size", "nms_iterations",
+)
+# Fields that take a value of another type as well, checked by their own rules below.
+_EITHER = ("channels_last", "fold_batch_norm", "mask_detection_buckets", "mask_train_buckets")
 
 
 def _ending_with(buckets: tuple[int, ...] | str, largest: int) -> tuple[int, ...]:
@@ -214,7 +226,17 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def __post_init__(self) -> None:
-        problems = []
+        # Types first: a string where a number belongs would otherwise fail in a comparison below
+        # (or deep inside torch) instead of naming the field.
+        problems = self._type_problems()
+        if problems:
+            raise UsageError(f"invalid config {self.name!r}: " + "; ".join(problems))
+        problems += [f"{name} must be a positive integer, got {getattr(self, name)}" for name in _POSITIVE
+                     if getattr(self, name) <= 0]
+        problems += [f"{f.name} must be in [0, 1], got {getattr(self, f.name)}" for f in dataclasses.fields(self)
+                     if f.name.endswith(("_thresh", "_fraction")) and not 0.0 <= getattr(self, f.name) <= 1.0]
+        if problems:  # the canvases' check below divides by size_divisible
+            raise UsageError(f"invalid config {self.name!r}: " + "; ".join(problems))
         if self.backbone_depth not in (18, 34, 50, 101):
             problems.append(f"backbone_depth must be 18, 34, 50 or 101, got {self.backbone_depth}")
         if self.ops_impl not in ("auto", "torchvision", "tensor"):
@@ -228,6 +250,8 @@ class Config:
         for canvas in self.canvases:
             if len(canvas) != 2 or any(int(s) <= 0 or int(s) % self.size_divisible for s in canvas):
                 problems.append(f"canvas {canvas} must be two positive sizes divisible by {self.size_divisible}")
+            elif max(canvas) > MAX_CANVAS_SIDE:
+                problems.append(f"canvases: {canvas} has a side above {MAX_CANVAS_SIDE}")
         if len(self.anchor_sizes) != 5:
             problems.append("anchor_sizes needs one size per FPN level (5: P2..P6)")
         if self.num_classes < 2:
@@ -245,6 +269,22 @@ class Config:
         problems += self._bucket_problems()
         if problems:
             raise UsageError(f"invalid config {self.name!r}: " + "; ".join(problems))
+
+    def _type_problems(self) -> list[str]:
+        """Each field's value against the type of its default: ints (not bools) where the default is
+        an int, numbers where a float, a bool or a string where one, and tuples (or lists, made
+        tuples) of numbers where a tuple; canvases hold pairs of ints."""
+        problems = []
+        for f in dataclasses.fields(self):
+            if f.name in _EITHER:
+                continue
+            value = getattr(self, f.name)
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            if isinstance(default, tuple) and isinstance(value, list):  # e.g. from --set canvases=[[320,320]]
+                object.__setattr__(self, f.name, value := tuple(tuple(v) if isinstance(v, list) else v for v in value))
+            if not _same_kind(value, default, ints_only=f.name == "canvases"):
+                problems.append(f"{f.name} must be {_kind(default)}, got {value!r}")
+        return problems
 
     def _bucket_problems(self) -> list[str]:
         k = self.box_detections_per_img
@@ -273,6 +313,45 @@ class Config:
         if buckets and buckets[-1] > largest:
             problems.append(f"{what} must not exceed {largest_name} ({largest}); a smaller last gets it appended")
         return problems
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and x == x and abs(x) != float("inf")
+
+
+def _same_kind(value: object, default: object, ints_only: bool = False) -> bool:
+    """Whether ``value`` has the kind of ``default`` (see :meth:`Config._type_problems`)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return _is_int(value)
+    if isinstance(default, float):
+        return _is_number(value)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    if isinstance(default, tuple):
+        if not isinstance(value, tuple):
+            return False
+        if ints_only:  # canvases: pairs of ints
+            return all(isinstance(v, tuple) and all(_is_int(s) for s in v) for v in value)
+        return all(_is_number(v) for v in value)
+    return True
+
+
+def _kind(default: object) -> str:
+    if isinstance(default, bool):
+        return "True or False"
+    if isinstance(default, int):
+        return "an integer"
+    if isinstance(default, float):
+        return "a finite number"
+    if isinstance(default, str):
+        return "a string"
+    return "a tuple of numbers, e.g. " + repr(default[:2] if isinstance(default, tuple) else default)
 
 
 def _tiny() -> Config:

@@ -84,3 +84,14 @@ def test_a_3000x3000_image_under_an_address_space_limit(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "refused: --coco-root" in proc.stdout and "3000x3000 would need" in proc.stdout
     assert "decoded (3, 3000, 3000)" in proc.stdout
+
+
+@pytest.mark.parametrize("setting", ["size_divisible=0", "num_classes=abc", "canvases=((100000,100000),)"])
+def test_a_config_value_of_the_wrong_kind_or_range_is_one_line_exit_2(setting, capsys):
+    """--set values reach the config's own checks: a zero divisor, a string for a count and a canvas
+    no allocation holds are refused naming the field, before anything is measured."""
+    from mrcnn_bench.cli import commands as cli
+
+    assert cli.main(["run", "--cases", "static/eager", "--rounds", "1", "--no-progress", "--set", setting]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config 'tiny'" in err and setting.split("=")[0] in err and "Traceback" not in err

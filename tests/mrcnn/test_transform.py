@@ -7,6 +7,7 @@ import torch
 from torchvision.models.detection.transform import GeneralizedRCNNTransform
 
 from mrcnn.config import get_config
+from mrcnn.exits import UsageError
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import group_by_canvas, resized_size, to_image_batch
 
@@ -78,11 +79,28 @@ def test_canvas_too_small_for_config():
         ({"ops_impl": "cuda"}, "ops_impl"),
         ({"box_pre_nms_top_n": 10}, "box_pre_nms_top_n"),
         ({"no_such_field": 1}, "unknown config field"),
+        # Values of the wrong kind or range name their field, never fail further in (a modulo by
+        # zero, a str compared with an int, a canvas no allocation can hold).
+        ({"size_divisible": 0}, "size_divisible must be a positive integer"),
+        ({"num_classes": "abc"}, "num_classes must be an integer, got 'abc'"),
+        ({"num_classes": True}, "num_classes must be an integer"),
+        ({"min_size": 2.5}, "min_size must be an integer"),
+        ({"canvases": ((100000, 100000),)}, "side above 16384"),
+        ({"canvases": ((320.5, 320),)}, "canvases must be"),
+        ({"image_mean": ("a", 0.5, 0.5)}, "image_mean must be a tuple of numbers"),
+        ({"rpn_nms_thresh": 1.5}, r"rpn_nms_thresh must be in \[0, 1\]"),
+        ({"box_score_thresh": float("nan")}, "box_score_thresh must be a finite number"),
+        ({"mask_padding": "yes"}, "mask_padding must be True or False"),
     ],
 )
 def test_bad_config_raises(overrides, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UsageError, match=message):
         get_config("tiny", **overrides)
+
+
+def test_lists_from_the_command_line_are_taken_as_tuples():
+    cfg = get_config("tiny", canvases=[[320, 320], [320, 416]], anchor_sizes=[16, 32, 64, 128, 256])
+    assert cfg.canvases == ((320, 320), (320, 416)) and cfg.anchor_sizes == (16, 32, 64, 128, 256)
 
 
 def test_unknown_preset():
