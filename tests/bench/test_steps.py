@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.changes import changepoints
 from mrcnn_bench.cli import commands as cli
 from tests.helpers.asv_results import write_stage_result
@@ -103,6 +104,20 @@ def test_two_steps_take_the_means_between_adjacent_change_points(tmp_path, capsy
     assert points[0]["metric"] == "value" and points[1]["commit"] == "14"
     assert points[0]["after"] == pytest.approx(np.mean(values[10:20])) == points[1]["before"]
     assert [p["direction"] for p in points] == ["regression", "improvement"]
+
+
+def test_a_long_series_file_is_read_in_one_pass(tmp_path):
+    """200,000 rows over 4 metrics: the repeat check is a set lookup per row, not a scan of the rows
+    before it (which took minutes at this size); a repeat at the end is still found, named by position."""
+    from mrcnn_bench.changes import history_series
+
+    rows = [(f"c{i}", 1.0, f"m{i % 4}") for i in range(200_000)]
+    f = write(tmp_path / "long.csv", "commit,value,metric", rows)
+    series = history_series.read_csv(f)
+    assert len(series) == 4 and all(len(c) == 50_000 for c, _ in series.values())
+    g = write(tmp_path / "repeat.csv", "commit,value,metric", [*rows, ("c8", 2.0, "m0")])
+    with pytest.raises(UsageError, match=r"line 200002: commit 'c8' repeats in metric 'm0' \(first at position 2\)"):
+        history_series.read_csv(g)
 
 
 @pytest.mark.parametrize(("text", "message"), [

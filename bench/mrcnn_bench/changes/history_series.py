@@ -63,6 +63,7 @@ def read_csv(path: Path) -> Series:
                          "(expected commit, value and optionally metric)")
     col = {name: header.index(name) for name in ("commit", "value", "metric") if name in header}
     series: Series = {}
+    seen: dict[tuple[str, str], int] = {}  # (metric, commit) -> position: a repeat found in O(1)
     for line, row in enumerate(rows[1:], start=2):
         if not row:
             continue  # a blank line
@@ -81,9 +82,10 @@ def read_csv(path: Path) -> Series:
         if not math.isfinite(value):
             raise UsageError(f"{path}, line {line}: value {text!r} is not a finite number")
         commits, values = series.setdefault(metric, ([], []))
-        if commit in commits:
+        first = seen.setdefault((metric, commit), len(commits))
+        if first != len(commits):
             raise UsageError(f"{path}, line {line}: commit {commit!r} repeats in metric {metric!r} "
-                             f"(first at position {commits.index(commit)})")
+                             f"(first at position {first})")
         commits.append(commit)
         values.append(value)
     if not series:
