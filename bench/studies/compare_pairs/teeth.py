@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.stats import mean_ratio_ci
 from mrcnn_bench.history.asv_machine import cpu_label, slug
 
 REPO = Path(__file__).resolve().parents[3]
@@ -79,12 +80,6 @@ def run(out: Path, kind: str, trials: int, case: str) -> None:
               f"({trial['seconds']:.0f} s)", flush=True)
 
 
-def clopper_pearson(k: int, n: int) -> tuple[float, float]:
-    low = stats.beta.ppf(0.025, k, n - k + 1) if k else 0.0
-    high = stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
-    return float(low), float(high)
-
-
 def summary(out: Path) -> int:
     path = trials_file(out)
     trials = read_trials(path)
@@ -104,11 +99,12 @@ def summary(out: Path) -> int:
             if not rows:
                 continue
             k, n = sum(t["flagged"] for t in rows), len(rows)
-            low, high = clopper_pearson(k, n)
+            interval = stats.binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")  # Clopper-Pearson
+            low, high = interval.low, interval.high
             logs = np.log([t["ratio"] for t in rows])
             if n > 1:
-                mean, half = logs.mean(), float(stats.t.ppf(0.975, n - 1) * logs.std(ddof=1) / np.sqrt(n))
-                measured = f"{np.exp(mean):.4f} ({np.exp(mean - half):.4f}-{np.exp(mean + half):.4f})"
+                ratio, ratio_low, ratio_high = mean_ratio_ci(logs)
+                measured = f"{ratio:.4f} ({ratio_low:.4f}-{ratio_high:.4f})"
             else:
                 measured = f"{np.exp(logs.mean()):.4f}"
             lines.append(f"| {case} | {kind} | {GOALS[kind]} | {k}/{n} = {k / n:.1%} | {low:.1%}-{high:.1%} | "
