@@ -37,6 +37,7 @@ from mrcnn.engine import AMP_MODES, IMPLS, INITS, OPTIMIZERS, NonFiniteLossError
 from mrcnn.engine.config import field_default
 from mrcnn.engine.distributed import env_rank, env_world_size
 from mrcnn.exits import UsageError, guarded
+from mrcnn.flags import SEED_MAX, THREADS_MAX, bounded
 from mrcnn.overrides import parse_override
 from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import RECIPES, Recipe, get_recipe
@@ -78,31 +79,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     add("--set", dest="overrides", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
         help="config override, Python literal values, e.g. --set min_size=256 (repeatable)")  # fmt: skip
     add("--data", type=Path, help="COCO-layout data root (with --recipe: where its synthetic set goes, default data)")
-    add("--synth-count", type=int, help="generate the synthetic set (this many train images, a quarter val) if missing")
+    add("--synth-count", type=bounded(int, 1, 10_000_000),
+        help="generate the synthetic set (this many train images, a quarter val) if missing")
     add("--train-split", help=_default("train_split"))
     add("--val-split", help="evaluated if present (default: the recipe's, else 'val'); '' for none")
     add("--out", required=True, type=Path, help="checkpoints and metrics.jsonl go here")
     length = parser.add_mutually_exclusive_group()
-    length.add_argument("--steps", type=int, help="optimiser steps (required without --recipe)")
-    length.add_argument("--epochs", type=int, help="epochs (turned into steps)")
-    add("--batch-size", type=int, help=f"images per rank and step ({_default('batch_size')}; a recipe's is global)")
-    add("--lr", type=float, help=_default("lr"))
-    add("--momentum", type=float, help=_default("momentum"))
-    add("--weight-decay", type=float, help=_default("weight_decay"))
+    length.add_argument("--steps", type=bounded(int, 1), help="optimiser steps (required without --recipe)")
+    length.add_argument("--epochs", type=bounded(int, 1), help="epochs (turned into steps)")
+    add("--batch-size", type=bounded(int, 1, 4096),
+        help=f"images per rank and step ({_default('batch_size')}; a recipe's is global)")
+    add("--lr", type=bounded(float, 0, low_open=True), help=_default("lr"))
+    add("--momentum", type=bounded(float, 0, 1), help=_default("momentum"))
+    add("--weight-decay", type=bounded(float, 0), help=_default("weight_decay"))
     add("--optimizer", choices=OPTIMIZERS, help=_default("optimizer"))
     add("--init", choices=INITS, help=f"init scheme ({_default('init')})")
-    add("--clip-grad-norm", type=float, help=f"clip the gradient norm ({_default('clip_grad_norm')}; 0 is off)")
-    add("--warmup-iters", type=int, help=_default("warmup_iters"))
-    add("--warmup-factor", type=float, help=_default("warmup_factor"))
-    add("--lr-steps", type=int, nargs="*", help="milestones, in steps")
-    add("--gamma", type=float, help=_default("gamma"))
+    add("--clip-grad-norm", type=bounded(float, 0),
+        help=f"clip the gradient norm ({_default('clip_grad_norm')}; 0 is off)")
+    add("--warmup-iters", type=bounded(int, 0), help=_default("warmup_iters"))
+    add("--warmup-factor", type=bounded(float, 0, 1, low_open=True), help=_default("warmup_factor"))
+    add("--lr-steps", type=bounded(int, 1), nargs="*", help="milestones, in steps")
+    add("--gamma", type=bounded(float, 0, 1, low_open=True), help=_default("gamma"))
     add("--amp", choices=AMP_MODES, help=_default("amp"))
     add("--device", help="cpu or cuda (default: cuda when present)")
-    add("--seed", type=int, help=_default("seed"))
-    add("--workers", dest="num_workers", type=int, help=f"DataLoader workers per rank ({_default('num_workers')})")
-    add("--threads", type=int, default=None, help="torch.set_num_threads")
-    add("--checkpoint-every", type=int, help=f"{_default('checkpoint_every')}: only at the end")
-    add("--eval-every", type=int, help=f"{_default('eval_every')}: only at the end")
+    add("--seed", type=bounded(int, 0, SEED_MAX), help=_default("seed"))
+    add("--workers", dest="num_workers", type=bounded(int, 0, 256),
+        help=f"DataLoader workers per rank ({_default('num_workers')})")
+    add("--threads", type=bounded(int, 1, THREADS_MAX), default=None, help="torch.set_num_threads")
+    add("--checkpoint-every", type=bounded(int, 0), help=f"{_default('checkpoint_every')}: only at the end")
+    add("--eval-every", type=bounded(int, 0), help=f"{_default('eval_every')}: only at the end")
     add("--no-final-eval", dest="eval_at_end", action="store_false", default=None)
     add("--resume", help="checkpoint file, or a folder (its latest checkpoint)")
     add("--weights", help="torchvision-format state_dict to start from")

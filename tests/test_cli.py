@@ -70,6 +70,36 @@ def test_every_flag_has_help_that_states_its_default():
             assert shown in text, (command, action.option_strings[0], text)
 
 
+def mrcnn_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every mrcnn subcommand's full parser."""
+    parsers = {}
+    for name, (module_name, _) in mrcnn_cli.COMMANDS.items():
+        parser = argparse.ArgumentParser(prog=f"mrcnn {name}")
+        __import__(module_name, fromlist=["add_arguments"]).add_arguments(parser)
+        parsers[name] = parser
+    return parsers
+
+
+def test_every_number_a_flag_takes_is_finite_and_every_seed_fits():
+    """NaN, infinity and a seed past numpy's range are the flag's one-line usage error (exit 2), never a
+    value that reaches the code: each flag's type refuses them itself."""
+    parsers = {f"mrcnn-bench {k}": v for k, v in bench_parsers().items()} | {
+        f"mrcnn {k}": v for k, v in mrcnn_parsers().items()}
+    checked = 0
+    for command, parser in parsers.items():
+        for action in options(parser):
+            if action.type in (int, float) or getattr(action.type, "__qualname__", "").startswith("bounded"):
+                for text in ("nan", "inf", "-1e400"):
+                    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+                        action.type(text)
+                        pytest.fail(f"{command} {action.option_strings[0]} took {text}")
+                checked += 1
+            if action.option_strings[0] in ("--seed", "--seeds"):
+                with pytest.raises(argparse.ArgumentTypeError):
+                    action.type(str(2**64))
+    assert checked > 40, checked
+
+
 def test_help_defaults_are_the_commands_constants(capsys):
     parsers = subparsers(cli.build_parser())
     compare = parsers["compare"].parse_args(["a.json", "b.json"])

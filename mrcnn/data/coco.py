@@ -19,6 +19,13 @@ Bad input, and what happens to it (``strict=True`` turns every skip into an erro
 missing or unreadable annotation file   error naming the file
 malformed JSON                          error naming the file, line and column
 missing/duplicate ids, bad fields       error naming the file and the image/annotation id
+file_name outside the image folder      error naming the image id (absolute, or ".." leaves it)
+image larger than Pillow decodes        error naming the image id (its masks would not fit either)
+polygon coordinate not finite, or       error naming the annotation (pycocotools' C code would
+beyond [-W, 2W] x [-H, 2H]              crash on it)
+RLE counts not h*w non-negative runs    error naming the annotation (its decoder writes past the
+                                        mask otherwise)
+JSON nested too deeply to read          error naming the file
 missing image files                     error naming the first missing files and the count
 image that fails to decode, wrong size  error (when loaded) naming the file and the image id
 annotation of a missing image           skipped, counted (COCOeval never evaluates it)
@@ -41,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import os
 import warnings
 from collections import Counter
@@ -58,6 +64,7 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from mrcnn.config import Config
+from mrcnn.data.coco_checks import inside_folder, is_number, max_image_pixels, polygons_problem, rle_problem
 from mrcnn.data.images import rgb8
 from mrcnn.exits import UsageError
 
@@ -109,6 +116,8 @@ def load_coco_json(path: str | Path) -> dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise CocoFormatError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+    except RecursionError:
+        raise CocoFormatError(f"{path}: JSON nested too deeply to read (a COCO file nests a few levels)") from None
     if not isinstance(data, dict):
         raise CocoFormatError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     for key in ("images", "categories"):
@@ -132,18 +141,6 @@ def decode_segmentation(segm: Any, height: int, width: int) -> np.ndarray:
         # that would bury real warnings (and fail runs that turn warnings into errors).
         warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
         return mask_utils.decode(rle)
-
-
-def _finite_sum(values: list[Any]) -> bool:
-    """All numbers and finite, checked by one C-speed ``sum`` (train2017 has tens of millions)."""
-    try:
-        return math.isfinite(sum(values))
-    except TypeError:
-        return False
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 class CocoDataset(Dataset):
@@ -242,9 +239,16 @@ class CocoDataset(Dataset):
                 raise self._fail(f"duplicate image id {iid}")
             if not isinstance(img.get("file_name"), str) or not img["file_name"]:
                 raise self._fail(f"image id {iid} has no 'file_name'")
+            if not inside_folder(img["file_name"]):
+                raise self._fail(f"image id {iid}: file_name {img['file_name']!r} is not a path inside the image "
+                                 f"folder {self.image_dir} (absolute, or '..' leaves it)")
             for key in ("height", "width"):
-                if not isinstance(img.get(key), int) or img[key] <= 0:
+                if not isinstance(img.get(key), int) or isinstance(img[key], bool) or img[key] <= 0:
                     raise self._fail(f"image id {iid} ({img['file_name']}) has no positive integer '{key}'")
+            if img["height"] * img["width"] > max_image_pixels():
+                raise self._fail(f"image id {iid} ({img['file_name']}) declares {img['height']}x{img['width']} "
+                                 f"pixels, more than the {max_image_pixels()} an image may have (Pillow refuses "
+                                 "to decode it, and each of its masks would be that many bytes)")
             out[iid] = img
         return out
 
@@ -284,7 +288,7 @@ class CocoDataset(Dataset):
                 self._skip("unknown_category", aid)
                 continue
             bbox = ann.get("bbox")
-            if not isinstance(bbox, list) or len(bbox) != 4 or not all(_is_number(v) for v in bbox):
+            if not isinstance(bbox, list) or len(bbox) != 4 or not all(is_number(v) for v in bbox):
                 raise self._fail(f"annotation id {aid}: 'bbox' must be 4 finite numbers [x, y, w, h], got {bbox!r}")
             ann = self._check_segmentation(ann, img)
             if ann is None:
@@ -301,7 +305,7 @@ class CocoDataset(Dataset):
             # COCOeval reads both fields; fill them in as COCO defines them rather than fail there.
             if "iscrowd" not in ann:
                 ann = {**ann, "iscrowd": 0}
-            if not _is_number(ann.get("area")):
+            if not is_number(ann.get("area")):
                 mask = decode_segmentation(ann["segmentation"], img["height"], img["width"])
                 ann = {**ann, "area": float(mask.sum())}
             kept.append(ann)
@@ -311,21 +315,17 @@ class CocoDataset(Dataset):
         """The annotation with unusable polygons removed, or None when it was skipped."""
         aid, segm = ann["id"], ann.get("segmentation")
         if isinstance(segm, dict):
-            size, counts = segm.get("size"), segm.get("counts")
-            if not isinstance(counts, (list, str, bytes)) or not isinstance(size, list) or len(size) != 2:
-                raise self._fail(f"annotation id {aid}: RLE needs 'counts' and 'size' [h, w], got keys {sorted(segm)}")
-            if list(size) != [img["height"], img["width"]]:
-                raise self._fail(
-                    f"annotation id {aid}: RLE size {size} differs from image id {img['id']} size "
-                    f"[{img['height']}, {img['width']}]"
-                )
-            if isinstance(counts, list) and sum(counts) != size[0] * size[1]:
-                raise self._fail(f"annotation id {aid}: RLE counts sum to {sum(counts)}, not h*w = {size[0] * size[1]}")
+            problem = rle_problem(segm, img["height"], img["width"])
+            if problem:
+                raise self._fail(f"annotation id {aid}: {problem} (image id {img['id']})")
             return ann
         if not isinstance(segm, list):
             raise self._fail(f"annotation id {aid}: 'segmentation' must be polygons or RLE, got {type(segm).__name__}")
+        problem = polygons_problem(segm, img["height"], img["width"])
+        if problem:
+            raise self._fail(f"annotation id {aid}: {problem} (image id {img['id']})")
         # Fewer than 6 numbers is not a polygon (and pycocotools reads exactly 4 as a box).
-        good = [p for p in segm if isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0 and _finite_sum(p)]
+        good = [p for p in segm if isinstance(p, list) and len(p) >= 6 and len(p) % 2 == 0]
         if not good:
             self._skip("invalid_polygon", aid)
             return None

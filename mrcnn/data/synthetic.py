@@ -41,6 +41,7 @@ from PIL import Image, ImageDraw
 
 from mrcnn.exits import UsageError, guarded
 from mrcnn.files import atomic_write
+from mrcnn.flags import SEED_MAX, bounded
 from mrcnn.progress import add_progress_flag
 from mrcnn.progress import progress as progress_bar
 
@@ -344,8 +345,8 @@ def generate(
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the generator's options to ``parser`` (shared with the main ``mrcnn`` CLI)."""
     parser.add_argument("--out", required=True, type=Path, help="data set root to write")
-    parser.add_argument("--count", type=int, default=200, help="number of images (default 200)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--count", type=bounded(int, 1, 10_000_000), default=200, help="number of images (default 200)")
+    parser.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0, help="random seed (default 0)")
     parser.add_argument("--split", default="train", help="split name, e.g. train or val (default train)")
     parser.add_argument("--format", dest="image_format", choices=("png", "jpg"), default="png")
     add_progress_flag(parser, "--quiet")

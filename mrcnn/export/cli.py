@@ -28,6 +28,7 @@ from mrcnn.export.deployed import load_exported
 from mrcnn.export.package import build_packages
 from mrcnn.export.ppm import write_ppm
 from mrcnn.files import atomic_write
+from mrcnn.flags import SEED_MAX, THREADS_MAX, bounded
 from mrcnn.model import MaskRCNN
 from mrcnn.transform import resized_size, select_canvas
 from mrcnn.weights import load_torchvision_weights, synthetic_weights, textured_images
@@ -70,10 +71,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="tiny", help="config preset (default: tiny)")
     parser.add_argument("--weights", default=None,
                         help="torchvision Mask R-CNN state_dict (default: synthetic weights from --seed)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights and sample image")
+    parser.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0,
+                        help="seed of the synthetic weights and sample image")
     parser.add_argument("--canvas", default=None, metavar="HxW",
                         help="canvas bucket to export for (default: that of a 480x640 image, 320x448 for tiny)")
-    parser.add_argument("--batch-size", type=int, default=1, help="static batch size (default: 1)")
+    parser.add_argument("--batch-size", type=bounded(int, 1, 4096), default=1, help="static batch size (default: 1)")
     parser.add_argument("--format", default="exported,aoti",
                         help="comma list of: exported (torch.export .pt2), aoti (AOTInductor CPU package); "
                              "default: both")
@@ -84,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write DIR/sample.ppm, a generated image of this size (for cpp/)")
     parser.add_argument("--check", action="store_true",
                         help="load each package and compare its outputs with eager (timing: mrcnn-bench export-time)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--threads", type=bounded(int, 1, THREADS_MAX), default=None,
+                        help="torch threads (default: usable cores)")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="device the packages are built for and run on (default: cpu)")
     # Timing moved to the harness; the flag stays so that old command lines get a pointer there.

@@ -17,7 +17,7 @@ from torch._inductor import aoti_load_package
 from mrcnn.exits import UsageError
 from mrcnn.export.core import META_FILE, META_KEY, ExportMeta
 from mrcnn.export.package import package_format
-from mrcnn.export.trust import check_trusted
+from mrcnn.export.trust import trusted_copy
 from mrcnn.postprocess import postprocess
 from mrcnn.structures import Detections, ImageBatch
 from mrcnn.transform import resized_size, to_image_batch
@@ -34,21 +34,24 @@ class DeployedModel:
 
     def __init__(self, path: str | os.PathLike, trust: bool = False) -> None:
         self.path = Path(path)
-        self.format = package_format(self.path)  # reads the archive's file names only
-        check_trusted(self.path, trust)  # before any loader runs code from it
-        if self.format == "aoti":
-            self._runner = aoti_load_package(str(self.path))
-            metadata = self._runner.get_metadata()
-            if META_KEY not in metadata:
-                raise UsageError(f"{self.path}: AOTInductor package without {META_KEY} metadata")
-            self.meta = ExportMeta.from_json(metadata[META_KEY])
-        else:
-            extra = {META_FILE: ""}
-            with warnings.catch_warnings():  # torch's own loader reads weights from a read-only buffer
-                warnings.filterwarnings("ignore", message="The given buffer is not writable")
-                ep = torch.export.load(self.path, extra_files=extra)
-            self.meta = ExportMeta.from_json(extra[META_FILE])
-            self._runner = ep.module()
+        self.format = package_format(self.path)  # reads the archive's file names only; errors name the file
+        # The loaders open a private copy whose bytes were the ones checked, before any of them runs code.
+        with trusted_copy(self.path, trust) as private:
+            if package_format(private) != self.format:
+                raise UsageError(f"{self.path} changed while it was being loaded: load it again")
+            if self.format == "aoti":
+                self._runner = aoti_load_package(str(private))
+                metadata = self._runner.get_metadata()
+                if META_KEY not in metadata:
+                    raise UsageError(f"{self.path}: AOTInductor package without {META_KEY} metadata")
+                self.meta = ExportMeta.from_json(metadata[META_KEY])
+            else:
+                extra = {META_FILE: ""}
+                with warnings.catch_warnings():  # torch's own loader reads weights from a read-only buffer
+                    warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                    ep = torch.export.load(private, extra_files=extra)
+                self.meta = ExportMeta.from_json(extra[META_FILE])
+                self._runner = ep.module()
         self.cfg = self.meta.cfg
 
     def __repr__(self) -> str:

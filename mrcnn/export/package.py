@@ -24,7 +24,7 @@ from mrcnn.config import Canvas
 from mrcnn.exits import UsageError
 from mrcnn.export.checks import check_aoti_package
 from mrcnn.export.core import FORMATS, META_FILE, META_KEY, ExportMeta, export_model, meta_for, tensor_ops_model
-from mrcnn.export.trust import trust
+from mrcnn.export.trust import check_writable, trust
 
 
 def save_exported(ep: torch.export.ExportedProgram, path: str | os.PathLike, meta: ExportMeta) -> Path:
@@ -67,6 +67,7 @@ def build_packages(
     if unknown or not formats:
         raise ValueError(f"formats must be a non-empty subset of {FORMATS}, got {list(formats)}")
     out_dir = Path(out_dir)
+    check_writable()  # before the export, which takes a while
     model = tensor_ops_model(model.eval())
     stem = stem or f"{model.cfg.name}_{canvas[0]}x{canvas[1]}_b{batch_size}"
     t0 = time.perf_counter()

@@ -13,11 +13,14 @@ import pickle
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
+import mrcnn.export.trust as trust_module
 from mrcnn.config import get_config
-from mrcnn.export import UntrustedPackageError, deployed, load_exported
+from mrcnn.exits import UsageError
+from mrcnn.export import UntrustedPackageError, deployed, load_exported, package
 from mrcnn.export.core import META_FILE, ExportMeta
 from mrcnn.export.trust import ENV, allow_list_path, trust
 
@@ -50,7 +53,7 @@ def loader_calls(monkeypatch):
     calls = []
 
     def spy(path, **_kwargs):
-        calls.append(str(path))
+        calls.append(Path(path).read_bytes())  # the bytes the loader would have run
         raise RuntimeError("loader reached")
 
     monkeypatch.setattr(deployed.torch.export, "load", spy)
@@ -82,3 +85,49 @@ def test_export_time_refuses_it_with_exit_2_and_runs_nothing(doctored):
                           capture_output=True, text=True, timeout=300, env={**os.environ})
     assert proc.returncode == 2 and "--trust-package" in proc.stderr and "Traceback" not in proc.stderr
     assert not (doctored.parent / "ran").exists()
+
+
+def test_a_package_renamed_over_the_checked_one_is_never_loaded(doctored, loader_calls, monkeypatch):
+    """The allow-list is read after the package was hashed: a rename over it at that moment (another
+    package with the same layout) must not reach the loader; the bytes checked are the bytes loaded."""
+    checked = doctored.read_bytes()
+    trust(doctored)
+    swapped = doctored.parent / "swapped.pt2"
+    with zipfile.ZipFile(swapped, "w") as z:
+        z.writestr(f"doctored/extra/{META_FILE}", zipfile.ZipFile(doctored).read(f"doctored/extra/{META_FILE}"))
+        z.writestr("doctored/data.pkl", b"not the package that was checked")
+    read_list = trust_module._listed
+
+    def swap_then_read():
+        if swapped.exists():
+            os.replace(swapped, doctored)
+        return read_list()
+
+    monkeypatch.setattr(trust_module, "_listed", swap_then_read)
+    with pytest.raises(RuntimeError, match="loader reached"):
+        load_exported(doctored)
+    assert loader_calls == [checked] and doctored.read_bytes() != checked
+
+
+def test_a_damaged_allow_list_is_named_with_its_line(doctored, loader_calls):
+    allow = allow_list_path()
+    allow.write_bytes(b"\xff\xfe not a digest  /x.pt2\n")
+    with pytest.raises(UsageError, match=r"trusted\.txt line 1 is not"):
+        load_exported(doctored)
+    allow.write_bytes(b"")
+    trust(doctored)
+    with allow.open("ab") as f:  # a path that is not UTF-8 beside a good digest is not an error
+        f.write(b"0" * 64 + b"  /tmp/\xff.pt2\n")
+    with pytest.raises(RuntimeError, match="loader reached"):
+        load_exported(doctored)
+    assert loader_calls and not (doctored.parent / "ran").exists()
+
+
+def test_an_unwritable_allow_list_is_refused_before_the_export(tmp_path, monkeypatch):
+    """Every package built goes on the allow-list: a list that cannot be written fails before the export."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(ENV, str(blocker / "trusted.txt"))  # its folder is a file: no user can write there
+    monkeypatch.setattr(package, "export_model", lambda *_a, **_k: pytest.fail("exported before the check"))
+    with pytest.raises(UsageError, match="cannot write the package allow-list"):
+        package.build_packages(None, tmp_path / "out", (320, 448))

@@ -6,34 +6,14 @@ nothing here loads torch.
 from __future__ import annotations
 
 import argparse
-import math
 import os
-from collections.abc import Callable
 
 from mrcnn.config import PRESETS
+from mrcnn.flags import SEED_MAX, THREADS_MAX, bounded
 from mrcnn.progress import add_progress_flag
 from mrcnn_bench.base import defaults
 
-SEED_MAX = 2**32 - 1  # numpy's generators take seeds up to this
-
-
-def bounded(kind: type, low: float, high: float = math.inf, low_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite ``kind`` (int or float) in [low, high], or (low, high] when
-    ``low_open``; anything else is argparse's one-line usage error, naming the flag."""
-    noun = "an integer" if kind is int else "a number"
-    span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
-        if not math.isfinite(value) or value < low or (low_open and value == low) or value > high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not in {span}")
-        return value
-
-    return parse
-
+__all__ = ["SEED_MAX", "THREADS_MAX", "bounded"]  # re-exported: the harness's parsers take them from here
 
 def parse_size(text: str) -> tuple[int, int]:
     try:

@@ -15,7 +15,7 @@ from mrcnn.overrides import parse_override
 from mrcnn.progress import add_progress_flag
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.cli.args import SEED_MAX, bounded, parse_cpus, parse_size, parse_sizes
+from mrcnn_bench.cli.args import SEED_MAX, THREADS_MAX, bounded, parse_cpus, parse_size, parse_sizes
 
 # The first import of the cases loads the user's case modules; its error (one line naming the module)
 # reaches mrcnn_bench.cli.commands, which imports this module.
@@ -80,7 +80,8 @@ def add_run_arguments(p: argparse.ArgumentParser, rounds: int, cases: str, per: 
     p.add_argument("--warmup", type=int, default=defaults.RUN_WARMUP,
                    help="untimed calls per row, at least one per distinct input; the first is time to first "
                         "result (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    p.add_argument("--threads", type=bounded(int, 1, THREADS_MAX), default=None,
+                   help="torch threads (default: usable cores)")
     p.add_argument("--cpus", type=parse_cpus, default=None, metavar="LIST",
                    help="pin the run and its workers to these CPUs, e.g. 0,1 or 2-3 (default: as started)")
     p.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0,
@@ -229,10 +230,10 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
                    help="config override for A only (live)")
     p.add_argument("--set-b", action="append", default=[], type=parse_override, metavar="KEY=VALUE",
                    help="config override for B only (live)")
-    p.add_argument("--inject-slowdown", type=float, default=0.0, metavar="FRACTION",
+    p.add_argument("--inject-slowdown", type=bounded(float, 0, 1, high_open=True), default=0.0, metavar="FRACTION",
                    help="B only (live): about this fraction of extra inference work, outputs unchanged "
                         "(e.g. 0.1; tests the latency gate; default: %(default)s)")
-    p.add_argument("--inject-slowdown-a", type=float, default=0.0, metavar="FRACTION",
+    p.add_argument("--inject-slowdown-a", type=bounded(float, 0, 1, high_open=True), default=0.0, metavar="FRACTION",
                    help="the same for A (default: %(default)s)")
     p.add_argument("--pairs", type=bounded(int, 1, 1000), default=defaults.COMPARE_PAIRS, metavar="K",
                    help="live: pairs of fresh processes, the unit of the test; 1 times one process per side and "
@@ -240,9 +241,9 @@ def add_compare_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=bounded(float, 0), default=None,
                    help=f"relative slowdown that counts (default: {defaults.PAIR_THRESHOLD:g} across process pairs, "
                         f"{defaults.THRESHOLD:g} with --pairs 1 and for run files)")
-    p.add_argument("--alpha", type=float, default=defaults.ALPHA,
+    p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True, high_open=True), default=defaults.ALPHA,
                    help="family-wise error rate over the cases (Holm; default: %(default)s)")
-    p.add_argument("--between-run-sd", type=float, default=defaults.BETWEEN_RUN_SD, metavar="SD",
+    p.add_argument("--between-run-sd", type=bounded(float, 0), default=defaults.BETWEEN_RUN_SD, metavar="SD",
                    help="run files only: the sd of log(B/A) between separate runs of the same code beyond "
                         "their rounds' noise, allowed for by the test (measure your machine's with "
                         "bench/studies/stored_compare_false_alarms/stored_compare_aa.py; "
@@ -259,7 +260,7 @@ def add_bisect_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="K", help="process pairs of each compare (default: %(default)s)")
     p.add_argument("--threshold", type=bounded(float, 0), default=defaults.PAIR_THRESHOLD,
                    help="relative slowdown against GOOD that counts (default: %(default)s)")
-    p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True), default=defaults.ALPHA,
+    p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True, high_open=True), default=defaults.ALPHA,
                    help="family-wise error rate over the cases of each compare (Holm; default: %(default)s)")
     p.add_argument("--out", default=None, metavar="FILE", help="write every compare's verdict as JSON")
 

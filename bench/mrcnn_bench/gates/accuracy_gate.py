@@ -34,6 +34,7 @@ import torch
 from mrcnn.data.coco import CocoDataset
 from mrcnn.engine import TrainResult, evaluate, load_checkpoint, train
 from mrcnn.exits import guarded
+from mrcnn.flags import SEED_MAX, THREADS_MAX, bounded
 from mrcnn.model import MaskRCNN
 from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import get_recipe
@@ -183,12 +184,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         type=Path,
         help="default $MRCNN_BASELINES_DIR or ./baselines, /accuracy/<recipe>.json",
     )
-    parser.add_argument("--seed", type=int, default=0, help="training seed (default 0)")
+    parser.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0, help="training seed (default 0)")
     parser.add_argument(
         "--data", default=Path("data"), type=Path, help="where the recipe's data set is made (default: %(default)s)"
     )
     parser.add_argument("--out", default=None, type=Path, help="training output folder (default: a temporary one)")
-    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--threads", type=bounded(int, 1, THREADS_MAX), default=None, help="torch.set_num_threads")
     parser.add_argument(
         "--inject-fault", choices=sorted(FAULTS), default=None, help="test only: train with a deliberate bug"
     )
@@ -203,10 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     seeds = " ".join(map(str, DEFAULT_SEEDS))
     group.add_argument(
-        "--seeds", nargs="*", type=int, default=None, help=f"train these seeds (without --from-runs; default {seeds})"
+        "--seeds", nargs="*", type=bounded(int, 0, SEED_MAX), default=None,
+        help=f"train these seeds (without --from-runs; default {seeds})"
     )
-    group.add_argument("--k-std", type=float, default=DEFAULT_K_STD, help=f"default {DEFAULT_K_STD:g}")
-    group.add_argument("--floor", type=float, default=DEFAULT_FLOOR, help=f"default {DEFAULT_FLOOR:g} absolute AP")
+    group.add_argument("--k-std", type=bounded(float, 0), default=DEFAULT_K_STD, help=f"default {DEFAULT_K_STD:g}")
+    group.add_argument("--floor", type=bounded(float, 0, 1), default=DEFAULT_FLOOR,
+                       help=f"default {DEFAULT_FLOOR:g} absolute AP")
     group.add_argument("--notes", default="", help="free text stored in the baseline")
     return parser
 

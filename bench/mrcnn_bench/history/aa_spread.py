@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mrcnn.flags import bounded
 from mrcnn.progress import progress
 from mrcnn_bench.base import timing
 from mrcnn_bench.base.errors import UsageError
@@ -120,11 +121,11 @@ def other_plans(out: Path, plan: dict[str, object]) -> list[str]:
 def build_parser(prog: str = "mrcnn-bench asv spread") -> argparse.ArgumentParser:
     """``mrcnn-bench asv spread``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=3, help="runs of the same commit (default 3)")
+    parser.add_argument("--runs", type=bounded(int, 2), default=3, help="runs of the same commit (default 3)")
     parser.add_argument("--out", type=Path, default=Path("results/asv/aa"), help="default results/asv/aa")
-    parser.add_argument("--processes", type=int, default=SHARED_PROCESSES,
+    parser.add_argument("--processes", type=bounded(int, 1), default=SHARED_PROCESSES,
                         help=f"shared-rounds processes per run, pooled (default: the suite's, {SHARED_PROCESSES})")
-    parser.add_argument("--compiled-from", type=int, default=COMPILED_FROM,
+    parser.add_argument("--compiled-from", type=bounded(int, 0), default=COMPILED_FROM,
                         help="the first shared process that times inductor; 0 is the one that ran its compile "
                              f"probe (default: the suite's, {COMPILED_FROM})")
     return parser

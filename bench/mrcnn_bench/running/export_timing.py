@@ -33,6 +33,7 @@ from mrcnn.export import DeployableMaskRCNN, DeployedModel, ExportMeta, load_exp
 from mrcnn.export.cli import usable_cores
 from mrcnn.export.compare import check_images, check_outputs, describe_check, mismatches
 from mrcnn.export.trust import check_trusted
+from mrcnn.flags import SEED_MAX, THREADS_MAX, bounded
 from mrcnn.model import MaskRCNN
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
@@ -62,14 +63,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("packages", nargs="+", metavar="PACKAGE", help=".pt2 packages written by mrcnn export")
     parser.add_argument("--weights", default=None,
                         help="torchvision state_dict the packages were exported from (default: synthetic from --seed)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=bounded(int, 0, SEED_MAX), default=0,
                         help="seed of the synthetic weights and generated image (default: %(default)s)")
     parser.add_argument("--image", default=None, metavar="PPM",
                         help="image to run on (default: a generated one, as mrcnn export --check uses)")
-    parser.add_argument("--rounds", type=int, default=10, help="interleaved timed rounds (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="interleaved timed rounds (default: %(default)s)")
     parser.add_argument("--ops-impl", default="auto", choices=("auto", "torchvision"),
                         help="ops of the second eager row (default: auto, the presets' own)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    parser.add_argument("--threads", type=bounded(int, 1, THREADS_MAX), default=None,
+                        help="torch threads (default: usable cores)")
     parser.add_argument("--out", default=None, metavar="FILE", help="write the report as JSON")
     parser.add_argument("--trust-package", action="store_true",
                         help="load packages this user's mrcnn export did not build: a package runs code when loaded")

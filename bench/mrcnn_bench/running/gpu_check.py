@@ -45,6 +45,7 @@ import torch
 from mrcnn.config import get_config
 from mrcnn.exits import FAILED, PASSED, UNDECIDED, guarded
 from mrcnn.export.cli import default_canvas
+from mrcnn.flags import bounded
 from mrcnn_bench.base import timing, vcs
 from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.running import backends
@@ -290,9 +291,9 @@ def gpu_check(opts: GpuCheckOptions, log: Callable[[str], None] = print) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="out/gpu-check", metavar="DIR",
                         help="records, logs and each step's files (default: out/gpu-check)")
-    parser.add_argument("--budget-s", type=float, default=GpuCheckOptions.budget_s,
+    parser.add_argument("--budget-s", type=bounded(float, 0, low_open=True), default=GpuCheckOptions.budget_s,
                         help=f"seconds for all steps together (default: {GpuCheckOptions.budget_s:.0f})")
-    parser.add_argument("--rounds", type=int, default=GpuCheckOptions.rounds,
+    parser.add_argument("--rounds", type=bounded(int, 1), default=GpuCheckOptions.rounds,
                         help=f"timed rounds of the harness rows (export-time: 4x) (default: {GpuCheckOptions.rounds})")
     parser.add_argument("--steps", default="", help="comma list of steps to run, of "
                         f"{', '.join(s.name for s in STEPS)} (default: all)")
