@@ -59,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         line = asv_results_table.line_of_commits(args.repo, args.revs)
-        held, _ = history_series.read_asv(args.results, args.machine, line,
+        held, _, _ = history_series.read_asv(args.results, args.machine, line,
                                           ("Latency.track_ratio", "Training.track_ratio"))  # fmt: skip
-        stages, _ = history_series.read_asv(args.results, args.machine, line, history_series.STAGES)
+        stages, _, _ = history_series.read_asv(args.results, args.machine, line, history_series.STAGES)
     except ValueError as e:  # vcs.GitError among them
         print(f"range_levels: error: {e}", file=sys.stderr)
         return 2

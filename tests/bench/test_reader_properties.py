@@ -1,7 +1,9 @@
 """Property tests of the readers of outside files: a valid file, mutated at random (a value replaced by
 any JSON value, a key dropped or added, a line torn), either reads back into a value that passes its
-own checks, or raises the one input error the command lines turn into exit 2 (ValueError and its
-kin). Never another exception, never NaN or a negative time inside.
+own checks, or raises the one input error the command lines turn into exit 2 (UsageError, or OSError
+for a file that is not there). Never another exception (a plain ValueError would be exit 3), never
+NaN or a negative time inside. The values drawn include hostile numbers: huge, negative, NaN,
+infinite, past 64 bits; and the files include JSON nested past the parser's stack.
 
 Hypothesis draws the mutations; ``derandomize=True`` makes every CI run draw the same ones.
 """
@@ -20,6 +22,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from mrcnn.data.coco import CocoDataset
+from mrcnn.exits import UsageError
+from mrcnn_bench.changes import asv_files, history_series
 from mrcnn_bench.gates import gate
 from mrcnn_bench.running import journal, store
 from mrcnn_bench.running.cases import Workload
@@ -28,8 +32,9 @@ from mrcnn_bench.running.records import Record, RunDocument, RunInfo
 SETTINGS = settings(max_examples=60, derandomize=True, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8),
-                    st.floats(allow_nan=True, allow_infinity=True))
+hostile_numbers = st.one_of(st.integers(-2**70, 2**70), st.floats(allow_nan=True, allow_infinity=True),
+                            st.sampled_from([1e308, -1e308, 1e160, 1e9, -1e9, 2**32, 2**63, -1, 0]))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8), hostile_numbers)
 json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
                                                             st.dictionaries(st.text(max_size=6), inner, max_size=3)),
                            max_leaves=6)
@@ -73,7 +78,7 @@ def test_run_files(tmp_path_factory, doc):
     path.write_text(json.dumps(doc))
     try:
         run = store.load(path)
-    except ValueError:
+    except UsageError:
         return
     journal.check_name(run.name)
     for r in run.records:
@@ -94,7 +99,7 @@ def test_journals(tmp_path_factory, lines, tear):
     path.write_text(text[: len(text) - tear])
     try:
         back = journal.read(path, {"k": 1})
-    except ValueError:
+    except UsageError:
         return
     for rnd in back.rounds:
         for r in rnd.values():
@@ -109,7 +114,7 @@ def test_gate_baselines(tmp_path_factory, doc):
     path.write_text(json.dumps(doc))
     try:
         cases = gate.load_compile_baseline(path, "tiny")
-    except ValueError:
+    except UsageError:
         return
     for entry in cases.values():
         for metric in gate.GATED:
@@ -147,8 +152,78 @@ def test_coco_annotation_files(tmp_path_factory, image_dir, doc):
     try:
         data = CocoDataset(ann.parent, "x", ann_file=ann, image_dir=image_dir)
         targets = [data.load_target(i) for i in range(len(data))]
-    except (ValueError, OSError):  # CocoFormatError, ImageDecodeError (an image the file names that is not there)
+    except (UsageError, OSError):  # CocoFormatError, ImageDecodeError (an image the file names that is not there)
         return
     for t in targets:
         assert t["boxes"].isfinite().all() and (t["boxes"][:, 2:] >= t["boxes"][:, :2]).all()
         assert len(t["labels"]) == len(t["boxes"]) == len(t["masks"])
+
+
+DEEP = "[" * 50_000 + "]" * 50_000
+
+
+@pytest.mark.parametrize("reader", ["run", "journal", "gate", "coco", "asv"])
+def test_json_nested_past_the_stack_is_an_input_error(tmp_path, image_dir, reader):
+    path = tmp_path / "deep.json"
+    path.write_text(DEEP)
+    read = {"run": lambda: store.load(path), "journal": lambda: journal.read(path, {"k": 1}),
+            "gate": lambda: gate.load_compile_baseline(path, "tiny"),
+            "coco": lambda: CocoDataset(tmp_path, "x", ann_file=path, image_dir=image_dir)}
+    if reader == "asv":
+        folder = tmp_path / "m1"
+        folder.mkdir()
+        (folder / "machine.json").write_text(json.dumps({"machine": "m1", "version": 1}))
+        (folder / "abcdef12-env.json").write_text(DEEP)
+        assert asv_files.read(tmp_path, "m1").skipped[0].reason == "JSON nested too deeply to read"
+        return
+    with pytest.raises(UsageError):
+        read[reader]()
+
+
+def _asv_result() -> dict[str, Any]:
+    return {"commit_hash": "ab" * 20, "env_name": "env-x", "date": 1_000_000, "params": {"machine": "m1"},
+            "python": "3.11", "requirements": {}, "env_vars": {},
+            "result_columns": ["result", "params", "version", "started_at", "duration"],
+            "results": {
+                "benchmarks.Latency.track_ratio": [[1.1, 1.2], [["'static/eager'", "'static/xla'"]], "v", 1, 1.0],
+                "benchmarks.Compiles.track_count": [[3], [["'static/xla'"], ["'xla_compiles'"]], "v", 1, 1.0]},
+            "durations": {}, "version": 2}
+
+
+@SETTINGS
+@given(doc=mutated(_asv_result()))
+def test_asv_result_files(tmp_path_factory, doc):
+    """A mutated result file is used as asv would, or left out with its reason; every value read is a
+    number under its own parameters."""
+    results = tmp_path_factory.mktemp("asv")
+    (results / "m1").mkdir()
+    (results / "m1" / "machine.json").write_text(json.dumps({"machine": "m1", "version": 1}))
+    (results / "m1" / "abababab-env-x.json").write_text(json.dumps(doc))
+    read = asv_files.read(results, "m1")
+    assert len(read.results) + len(read.skipped) == 1
+    if read.skipped:
+        assert read.skipped[0].reason
+        return
+    try:
+        series, _, _ = history_series.read_asv(results, "m1", ["ab" * 20], history_series.HELD)
+    except UsageError:  # nothing held left in it
+        return
+    for commits, values in series.values():
+        assert commits == ["abababab"] and all(isinstance(v, float) and math.isfinite(v) for v in values)
+
+
+csv_cells = st.one_of(st.text(max_size=6), hostile_numbers.map(repr), st.sampled_from(["nan", "inf", "-0", "1e400"]))
+
+
+@SETTINGS
+@given(header=st.lists(st.sampled_from(["commit", "value", "metric", "note"]), min_size=1, max_size=4),
+       rows=st.lists(st.lists(csv_cells, min_size=1, max_size=4), max_size=8))
+def test_series_csv_files(tmp_path_factory, header, rows):
+    path = tmp_path_factory.mktemp("csv") / "s.csv"
+    path.write_text("\n".join(",".join(r) for r in [header, *rows]) + "\n")
+    try:
+        series = history_series.read_csv(path)
+    except UsageError:
+        return
+    for commits, values in series.values():
+        assert len(commits) == len(set(commits)) == len(values) and all(math.isfinite(v) for v in values)

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
 from mrcnn_bench.changes import changepoints, history_series  # noqa: E402
+from mrcnn_bench.changes import levels as series_levels  # noqa: E402
 from mrcnn_bench.changes import regression_report as report  # noqa: E402
 from mrcnn_bench.changes.changepoints import ChangePoint  # noqa: E402
 
@@ -27,20 +28,20 @@ def point(metric: str, commit: str, index: int, change: float, direction: str = 
 
 def test_a_level_is_its_mean_with_a_t_interval():
     values = [1.0, 1.02, 0.98, 1.01]
-    got = report.level(values)
+    got = series_levels.level(values)
     half = stats.t.ppf(0.975, 3) * stats.tstd(values) / 2
     assert got.mean == pytest.approx(1.0025) and got.n == 4
     assert (got.low, got.high) == pytest.approx((1.0025 - half, 1.0025 + half))
-    one = report.level([2.0])
+    one = series_levels.level([2.0])
     assert one.n == 1 and math.isnan(one.low) and "no interval" in one.text()
 
 
 def test_levels_end_at_the_neighbouring_change_points():
     values = [1.0] * 4 + [1.1] * 3 + [1.2] * 5
     points = [point("m", "c4", 4, 10.0), point("m", "c7", 7, 9.1)]
-    before, after = report.levels(points, values, points[1])
+    before, after = series_levels.levels(points, values, points[1])
     assert (before.mean, before.n, after.mean, after.n) == (pytest.approx(1.1), 3, pytest.approx(1.2), 5)
-    before, _ = report.levels(points, values, points[0])
+    before, _ = series_levels.levels(points, values, points[0])
     assert before.n == 4
 
 

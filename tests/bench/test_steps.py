@@ -106,6 +106,31 @@ def test_two_steps_take_the_means_between_adjacent_change_points(tmp_path, capsy
     assert [p["direction"] for p in points] == ["regression", "improvement"]
 
 
+@pytest.mark.parametrize("sign", [1, -1])
+def test_direction_follows_lower_is_better_whatever_the_sign(tmp_path, capsys, sign):
+    """A negative series (a margin, a log ratio) that rises is a regression and one that falls an
+    improvement; the percentage's sign is the direction's."""
+    values = [sign * v for v in noisy(20, seed=3, step_at=11, step=0.05)]
+    f = write(tmp_path / "s.csv", "commit,value", [(f"c{i:02d}", v) for i, v in enumerate(values)])
+    code, points, _ = steps("--series", str(f), "--json", capsys=capsys)
+    (p,) = points
+    rose = p["after"] > p["before"]
+    assert rose == (sign == 1) and p["direction"] == ("regression" if rose else "improvement")
+    assert code == (1 if rose else 0) and (p["change_pct"] > 0) == rose
+
+
+@pytest.mark.parametrize("magnitude", [1e-300, 1e160, 1e300, 1e307])
+def test_a_step_is_found_at_any_magnitude(tmp_path, capsys, magnitude):
+    """The same 5% step scaled near the ends of the float range: found, at the same place and size."""
+    values = noisy(20, seed=3, step_at=11, step=0.05)
+    f = write(tmp_path / "s.csv", "commit,value", [(f"c{i:02d}", repr(v * magnitude)) for i, v in enumerate(values)])
+    code, points, err = steps("--series", str(f), "--json", capsys=capsys)
+    assert code == 1, err
+    (p,) = points
+    assert p["index"] == 11 and 3 < p["change_pct"] < 7
+    assert p["after"] == pytest.approx(np.mean(values[11:]) * magnitude)
+
+
 def test_a_long_series_file_is_read_in_one_pass(tmp_path):
     """200,000 rows over 4 metrics: the repeat check is a set lookup per row, not a scan of the rows
     before it (which took minutes at this size); a repeat at the end is still found, named by position."""
@@ -129,6 +154,7 @@ def test_a_long_series_file_is_read_in_one_pass(tmp_path):
     ("commit,value\na,1,3\n", "line 2: 3 fields"),
     ("commit,value\n", "a header and no rows"),
     ("commit,value\na,1\nb,2\nc,3\n", "at least 4 points"),
+    ("commit,value,value\na,1,9\nb,2,9\nc,3,9\nd,4,9\n", "names value more than once"),
 ])  # fmt: skip
 def test_bad_series_files_exit_2_with_one_line(tmp_path, capsys, text, message):
     f = tmp_path / "bad.csv"
@@ -147,9 +173,12 @@ def test_a_missing_or_binary_file_exits_2(tmp_path, capsys):
 
 def test_no_machine_to_choose_exits_2_listing_them(tmp_path, capsys):
     (tmp_path / "few").mkdir()
-    (tmp_path / "few" / "machine.json").write_text("{}")
+    (tmp_path / "few" / "machine.json").write_text('{"machine": "few", "version": 1}')
     code, _, err = steps("--results", str(tmp_path), "--repo", str(REPO), capsys=capsys)
     assert code == 2 and "choose one with --machine: few (0)" in err
+    (tmp_path / "few" / "machine.json").write_text("{}")  # damaged: asv would read it as no results
+    code, _, err = steps("--results", str(tmp_path), "--repo", str(REPO), capsys=capsys)
+    assert code == 2 and "few/machine.json: not asv's machine.json" in err
     code, _, err = steps("--results", str(tmp_path), "--machine", "other", "--repo", str(REPO), capsys=capsys)
     assert code == 2 and "no asv machine 'other'" in err
 

@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import pytest
 
+from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.cli import commands as cli
 from mrcnn_bench.reports import report
 from mrcnn_bench.running import journal, store
 from mrcnn_bench.running.cases import Workload
@@ -100,7 +102,33 @@ def test_one_process_at_a_time_holds_a_journal(tmp_path):
     assert other.returncode != 0 and f"being written by process {os.getpid()}" in other.stderr
     held.close()
     journal.hold(path).close()  # free again once the holder is gone
-    assert not list(tmp_path.iterdir()), "the lock lives outside the output folder"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name], "the lock is the journal: nothing else is added"
+
+
+def test_the_lock_is_seen_whatever_the_temporary_folder(tmp_path, monkeypatch):
+    """Two runs of one --out and --name with different TMPDIRs see each other's lock."""
+    path = tmp_path / "out" / "r.rounds.jsonl"
+    held = journal.hold(path)
+    code = f"from mrcnn_bench.running import journal; from pathlib import Path; journal.hold(Path({str(path)!r}))"
+    elsewhere = tmp_path / "other-tmp"
+    elsewhere.mkdir()
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "TMPDIR": str(elsewhere)})
+    held.close()
+    assert other.returncode != 0 and "being written by process" in other.stderr, other.stderr
+
+
+def test_a_symlink_at_the_journal_is_refused_and_its_target_untouched(tmp_path):
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    journal.path_for(out, "r").symlink_to(target)
+    with pytest.raises(UsageError, match="symbolic link"):
+        journal.open_for_run(str(out), "r", resume=True, start_over=False)
+    with pytest.raises(UsageError, match="symbolic link"):
+        journal.open_for_run(str(out), "r", resume=False, start_over=True)
+    assert target.read_text() == "keep me\n"
 
 
 def test_run_refuses_before_measuring_over_finished_rounds_and_while_held(tmp_path):
@@ -189,3 +217,14 @@ def test_a_case_tag_that_cannot_be_selected_is_refused(tag):
 
     with pytest.raises(ValueError, match="case tag"):
         Case("static", tag=tag)
+
+
+@pytest.mark.parametrize("command", [["report", "{f}", "--out", "{out}"], ["compare", "{f}", "{f}"],
+                                     ["check-benchmarks", "{f}"]])
+def test_json_nested_too_deeply_is_one_line_exit_2(tmp_path, capsys, command):
+    """50,000 levels of nesting: Python's parser runs out of stack; the file is named, never a traceback."""
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 50_000 + "]" * 50_000)
+    code = cli.main([part.format(f=f, out=tmp_path / "out") for part in command])
+    err = capsys.readouterr().err
+    assert code == 2 and "deep.json" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err

@@ -25,12 +25,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
-from asv.results import iter_results_for_machine
 from asv.step_detect import detect_steps
 
 from mrcnn_bench.base import vcs
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.text import cell
+from mrcnn_bench.changes import asv_files
 
 RATIOS = ("benchmarks.Latency.track_ratio", "benchmarks.Training.track_ratio")
 COUNTS = "benchmarks.Compiles.track_count"
@@ -86,10 +86,11 @@ def commits(repo: Path, revs: str) -> set[str]:
 
 def table(results: Path, machine: str, repo: Path | None = None, only: set[str] | None = None) -> pd.DataFrame:
     """One row per commit (of ``only``, full hashes, when given), oldest first; columns as the module
-    docstring lists them."""
+    docstring lists them. ``attrs["skipped"]``: the result files left out (:mod:`asv_files`)."""
     rows, ratios = [], {}
     versions = suite_versions(results)
-    for result in sorted(iter_results_for_machine(str(results), machine), key=lambda r: r.date):
+    read = asv_files.read(results, machine)
+    for result in read.results:
         if only is not None and result.commit_hash not in only:
             continue
         row: dict[str, object] = {
@@ -111,10 +112,9 @@ def table(results: Path, machine: str, repo: Path | None = None, only: set[str] 
         for name, key in ERRORS.items():
             row[name] = next(iter(values(result, key, versions).values()), float("nan"))
         rows.append(row)
-    if not rows:
-        return pd.DataFrame()
     frame = pd.DataFrame(rows)
     frame.attrs["ratios"] = list(ratios)  # which columns are ratios to the ruler, for levels()
+    frame.attrs["skipped"] = read.skipped
     return frame
 
 
@@ -164,11 +164,14 @@ def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv table") -> 
     args = build_parser(prog).parse_args(argv)
     try:
         only = None if args.revs is None else commits(args.repo, args.revs)
+        frame = table(args.results, args.machine, args.repo, only)
     except UsageError as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return 2
-    frame = table(args.results, args.machine, args.repo, only)
     among = "" if args.revs is None else f" of {args.revs}"
+    left_out = [f"- {cell(s.text())}" for s in frame.attrs.get("skipped", [])]
+    for line in left_out:
+        print(f"{prog}: result file left out: {line[2:]}", file=sys.stderr)
     if frame.empty:
         print(f"{prog}: no results for machine {args.machine!r} under {args.results}{among}", file=sys.stderr)
         return 2
@@ -176,6 +179,8 @@ def main(argv: list[str] | None = None, prog: str = "mrcnn-bench asv table") -> 
     if args.steps:
         steps = printable(levels(frame)).to_markdown(index=False, floatfmt=".4f")
         text += f"\n\nLevels (asv.step_detect, oldest first):\n\n{steps}"
+    if left_out:
+        text += "\n\nResult files left out (their commits are missing above):\n\n" + "\n".join(left_out)
     print(text)
     if args.out:
         command = " ".join([prog, *(argv if argv is not None else sys.argv[1:])])

@@ -10,8 +10,11 @@ own (:mod:`mrcnn_bench.changes.otava_bridge`; ``make otava-env``), found at ``$M
 The settings (:data:`SETTINGS`) are Otava's published defaults, fixed before any measured history or
 injected step was run through them; the error rates they give are measured, not tuned for.
 
-Series are oldest first, lower is better. For each change point the figures are the means of the
-segments between adjacent change points: ``before`` ends at the point, ``after`` starts there.
+Series are oldest first, lower is better, so a rise is a regression whatever the values' sign. For
+each change point the figures are the means of the segments between adjacent change points:
+``before`` ends at the point, ``after`` starts there. Each series is sent to Otava divided by a power
+of two near its largest magnitude (exact in floating point; the method is scale-free), so values
+near the ends of the float range neither overflow nor hide a step.
 
 An exact series (``exact``: a count with no noise, such as the work counters) is not tested: any
 change between consecutive commits is a step, with no p-value.
@@ -49,7 +52,7 @@ class ChangePoint:
     index: int  # that point's 0-based position in the metric's series
     before: float  # mean of the segment that ends here (from the previous change point, or the start)
     after: float  # mean of the segment that starts here (to the next change point, or the end)
-    change_pct: float | None  # 100 (after - before) / before; None when before is 0
+    change_pct: float | None  # 100 (after - before) / |before|: its sign is the direction's; None when before is 0
     p_value: float | None  # Otava's two-sided t-test between the two segments; None for an exact series
     direction: str  # "regression" when the level rose (lower is better), else "improvement"
 
@@ -91,21 +94,30 @@ def find(
         listed = ", ".join(f"{m!r} ({n})" for m, n in short.items())
         raise UsageError(f"the change-point method needs at least {MIN_POINTS} points per metric; "
                          f"too few in {listed}")
-    varying = {m: list(v) for m, (_, v) in series.items() if max(v) != min(v) and m not in exact}
+    scale = {m: _scale(v) for m, (_, v) in series.items()}
+    scaled = {m: [x / scale[m] for x in v] for m, (_, v) in series.items()}
+    varying = {m: v for m, v in scaled.items() if max(v) != min(v) and m not in exact}
     found: dict[str, list[tuple[int, float | None]]] = {**(_detect(varying) if varying else {})}
     found.update({m: exact_steps(v) for m, (_, v) in series.items() if m in exact})
     out = []
-    for metric, (commits, values) in series.items():
+    for metric, (commits, _) in series.items():
+        values = scaled[metric]
         points = [(i, p) for i, p in sorted(found.get(metric, [])) if p is None or math.isfinite(p)]
         bounds = [0, *(i for i, _ in points), len(values)]
         for k, (index, p_value) in enumerate(points):
             before = statistics.fmean(values[bounds[k]:bounds[k + 1]])
             after = statistics.fmean(values[bounds[k + 1]:bounds[k + 2]])
-            change = 100 * (after - before) / before if before else None
-            worse = change > 0 if change is not None else after > before
-            out.append(ChangePoint(metric, commits[index], index, before, after, change, p_value,
-                                   "regression" if worse else "improvement"))  # fmt: skip
+            change = 100 * (after - before) / abs(before) if before else None
+            out.append(ChangePoint(metric, commits[index], index, before * scale[metric], after * scale[metric],
+                                   change, p_value, "regression" if after > before else "improvement"))
     return out
+
+
+def _scale(values: Sequence[float]) -> float:
+    """A power of two near the largest magnitude of ``values`` (1 for all zeros): dividing by it is exact
+    and leaves every value within [-2, 2] (one binade below the largest, which 1.8e308 would overflow)."""
+    top = max((abs(float(x)) for x in values), default=0.0)
+    return math.ldexp(1.0, math.frexp(top)[1] - 1) if top and math.isfinite(top) else 1.0
 
 
 

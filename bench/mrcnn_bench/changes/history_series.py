@@ -23,10 +23,9 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from asv.results import iter_results_for_machine
-
 from mrcnn_bench.base import vcs
 from mrcnn_bench.base.errors import UsageError
+from mrcnn_bench.changes import asv_files
 from mrcnn_bench.changes.asv_results_table import suite_versions
 from mrcnn_bench.changes.asv_results_table import values as result_values
 from mrcnn_bench.changes.changepoints import MIN_POINTS
@@ -61,6 +60,10 @@ def read_csv(path: Path) -> Series:
     if missing:
         raise UsageError(f"{path}: the header {header} has no column {' or '.join(missing)} "
                          "(expected commit, value and optionally metric)")
+    twice = sorted({c for c in ("commit", "value", "metric") if header.count(c) > 1})
+    if twice:
+        raise UsageError(f"{path}: the header names {', '.join(twice)} more than once; which column holds the "
+                         "series would be a guess")
     col = {name: header.index(name) for name in ("commit", "value", "metric") if name in header}
     series: Series = {}
     seen: dict[tuple[str, str], int] = {}  # (metric, commit) -> position: a repeat found in O(1)
@@ -98,7 +101,7 @@ def machines(results: Path, line: Iterable[str]) -> dict[str, int]:
     wanted = set(line)
     found = {}
     for folder in sorted(p for p in results.iterdir() if (p / "machine.json").exists()):
-        found[folder.name] = len({r.commit_hash for r in iter_results_for_machine(str(results), folder.name)} & wanted)
+        found[folder.name] = len({r.commit_hash for r in asv_files.read(results, folder.name).results} & wanted)
     return found
 
 
@@ -122,19 +125,23 @@ def _metric(key: str, params: tuple[str, ...]) -> str:
 
 def read_asv(
     results: Path, machine: str, line: list[str], benchmarks: tuple[str, ...] = HELD
-) -> tuple[Series, list[str]]:
+) -> tuple[Series, list[str], list[asv_files.Skipped]]:
     """The figures of ``benchmarks`` (default: the held ones) of ``machine`` over ``line``'s commits
     (oldest first, 8-character hashes), of the suite's current version only (an older version is
     another series: :func:`mrcnn_bench.changes.asv_results_table.suite_versions`).
 
     A commit without a figure (not measured, or not measurable there: NaN) is left out of that
-    metric's series. Returns the series with at least :data:`MIN_POINTS` points, and the names of
-    the metrics left out for having fewer. ValueError when the machine has no results on the line.
+    metric's series. Returns the series with at least :data:`MIN_POINTS` points, the names of the
+    metrics left out for having fewer, and the result files of the line's commits that could not be
+    used (:mod:`asv_files`). UsageError when the machine has no results on the line.
     """
     if not (results / machine / "machine.json").exists():
         raise UsageError(f"no asv machine {machine!r} under {results}")
     versions = suite_versions(results)
-    by_commit = {r.commit_hash: r for r in iter_results_for_machine(str(results), machine)}
+    read = asv_files.read(results, machine)
+    by_commit = {r.commit_hash: r for r in read.results}
+    on_line = {c[:8] for c in line}
+    skipped = [s for s in read.skipped if s.commit[:8] in on_line or not s.commit]
     series: Series = {}
     for commit in line:
         result = by_commit.get(commit)
@@ -150,9 +157,10 @@ def read_asv(
                 commits.append(commit[:8])
                 values.append(float(value))
     if not series:
-        raise UsageError(f"machine {machine!r} has no results for these commits under {results}")
+        why = "".join(f"; left out: {s.text()}" for s in skipped[:3])
+        raise UsageError(f"machine {machine!r} has no results for these commits under {results}{why}")
     short = [m for m, (c, _) in series.items() if len(c) < MIN_POINTS]
-    return {m: s for m, s in series.items() if m not in short}, short
+    return {m: s for m, s in series.items() if m not in short}, short, skipped
 
 
 def exact_metrics(series: Series) -> frozenset[str]:

@@ -1,7 +1,7 @@
 """The regression report: each regression change point of the history, written to be filed as is.
 
     mrcnn-bench asv report [--results results/asv] [--repo .] [--noise [MACHINE=]DIR ...]
-        [--line NAME=REVS ...] [--md FILE.md] [--html FILE.html] [--dashboard URL]
+        [--line NAME=REVS ...] [--md FILE.md] [--html FILE.html] [--dashboard URL] [--confirm]
 
 For every line of commits (default: main, and the scratch and steps ranges of
 :mod:`mrcnn_bench.history.scratch_range`) and every asv machine with results on it, finds the change points
@@ -9,55 +9,49 @@ of the held figures (:data:`mrcnn_bench.changes.history_series.HELD`) and of the
 (:data:`~mrcnn_bench.changes.history_series.STAGES`) with :mod:`mrcnn_bench.changes.changepoints`. Each regression
 in a held figure becomes a block: the commit and its subject, the metric, the level before and after
 with 95% intervals (Student's t over the commits of each level), the stages whose ratio stepped
-within one commit of it in the same direction, the graph's address on the dashboard, and a command
+within one commit of it in the same direction, the work counters of its case that changed near it
+(exact: :mod:`mrcnn_bench.changes.work_steps`, which also lists every rise in work on the line, a
+regression of its own), the graph's address on the dashboard, and a command
 that confirms it live (the commit against its parent, interleaved:
 :mod:`mrcnn_bench.changes.confirm_command`; against the last commit with a value where the machine has none
 for commits that change the library, not measured or failed, which the block counts). A step in a
 ``torchvision/`` case, the control, is marked so. ``--md`` writes the blocks as markdown;
 ``--html`` writes a page of the dashboard with the same blocks and, beside each line's change
 points, the steps asv's own detection flagged (read from the published ``regressions.json`` when it
-is there). Every text that comes from git or from a file is escaped.
+is there). ``--confirm`` runs each timed block's confirm command and writes its verdict into the
+block (:mod:`mrcnn_bench.changes.live_confirm`). Every text that comes from git or from a file is escaped.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import html
 import json
-import math
-import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from scipy import stats as scipy_stats
-
 from mrcnn_bench.base import vcs
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.changes import asv_regressions, asv_results_table, changepoints, history_series
+from mrcnn_bench.changes import (
+    asv_files,
+    asv_regressions,
+    asv_results_table,
+    changepoints,
+    history_series,
+    live_confirm,
+    work_steps,
+)
 from mrcnn_bench.changes.changepoints import ChangePoint
 from mrcnn_bench.changes.confirm_command import case_of, confirm, noise_by_machine
+from mrcnn_bench.changes.levels import Level, levels
 from mrcnn_bench.history.scratch_range import RANGES
 from mrcnn_bench.publish.screenshots import graph_hash
 
 STAGE_WINDOW = 1  # a stage's change point counts when it is this many commits or fewer from the step
 DEFAULT_LINES = {"main": "main", **{name: rng.revs for name, rng in RANGES.items()}}
-
-
-@dataclass(frozen=True)
-class Level:
-    """One level of a series: its mean and 95% interval over ``n`` commits (no interval for one)."""
-
-    mean: float
-    low: float
-    high: float
-    n: int
-
-    def text(self, digits: int = 4) -> str:
-        if self.n < 2:
-            return f"{self.mean:.{digits}g} (1 commit, no interval)"
-        return f"{self.mean:.{digits}g} (95% CI {self.low:.{digits}g} to {self.high:.{digits}g}, {self.n} commits)"
 
 
 @dataclass(frozen=True)
@@ -79,25 +73,8 @@ class Regression:
     pairs_note: str = ""
     # Commits that change the library with no value between ``parent`` (then the last with one) and this.
     unmeasured: int = 0
-
-
-def level(values: Sequence[float]) -> Level:
-    """Mean of ``values`` and its 95% t interval."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return Level(mean, math.nan, math.nan, n)
-    half = float(scipy_stats.t.ppf(0.975, n - 1)) * statistics.stdev(values) / math.sqrt(n)
-    return Level(mean, mean - half, mean + half, n)
-
-
-def levels(points: Sequence[ChangePoint], values: Sequence[float], point: ChangePoint) -> tuple[Level, Level]:
-    """The levels on either side of ``point``: between its neighbours among ``points`` (one metric's)."""
-    indices = sorted(p.index for p in points)
-    k = indices.index(point.index)
-    start = indices[k - 1] if k > 0 else 0
-    end = indices[k + 1] if k + 1 < len(indices) else len(values)
-    return level(values[start:point.index]), level(values[point.index:end])
+    work: list[ChangePoint] = field(default_factory=list)  # work counter steps of its case near it
+    verdict: str = ""  # the confirm command's verdict, when it was run (--confirm: live_confirm)
 
 
 def git_commit(repo: Path, commit: str) -> tuple[str, str, str]:
@@ -131,17 +108,20 @@ def branch_of(line: str) -> str:
 def regressions(
     line: str, revs: str, machine: str, results: Path, repo: Path, noise: dict[str, float],
     dashboard: str = "", suite: dict | None = None,
-) -> tuple[list[ChangePoint], list[Regression], dict[tuple[str, int], tuple[str, int]]]:
-    """Every change point of the held figures of ``machine`` on ``line`` (``git rev-list REVS``), a
-    :class:`Regression` for each that is one, and the gaps (:func:`history_series.gaps`)."""
+) -> Section:
+    """The :class:`Section` of ``machine`` on ``line`` (``git rev-list REVS``), without asv's flags:
+    every change point of the held figures, a :class:`Regression` for each that is one, the gaps
+    (:func:`history_series.gaps`), the result files that could not be used (:mod:`asv_files`) and
+    the steps of the work counters (:mod:`work_steps`)."""
     commits = asv_results_table.line_of_commits(repo, revs)
-    series, _ = history_series.read_asv(results, machine, commits)
+    series, _, left_out = history_series.read_asv(results, machine, commits)
     points = changepoints.find(series)
     try:
-        stage_series, _ = history_series.read_asv(results, machine, commits, history_series.STAGES)
+        stage_series, _, _ = history_series.read_asv(results, machine, commits, history_series.STAGES)
     except UsageError:  # measured before stages were: none to show
         stage_series = {}
     stage_points = changepoints.find(stage_series) if stage_series else []
+    work = work_steps.steps(results, machine, commits)
     position = {c[:8]: i for i, c in enumerate(commits)}
     branch = branch_of(line)
     # Where the machine has no value for commits that change the library before a point, the step lies
@@ -160,8 +140,8 @@ def regressions(
         command, pairs, note = confirm(p.metric, parent[:8], full[:8], p.change_pct, noise)
         out.append(Regression(line, machine, p, full, parent, subject, before, after, moved,
                               graph_url(dashboard, suite, p.metric, machine, branch), command, pairs, note,
-                              unmeasured))
-    return points, out, gaps
+                              unmeasured, work_steps.near(p, work, position)))
+    return Section(line, machine, points, out, gaps=gaps, skipped=left_out, work=work)
 
 
 def moved_with(point: ChangePoint, stage_points: Sequence[ChangePoint], position: dict[str, int]) -> list[ChangePoint]:
@@ -193,6 +173,9 @@ def markdown(entries: Sequence[Regression]) -> str:
         ]
         if e.url:
             lines.append(f"- Graph: <{e.url}>")
+        if e.work:
+            lines.append(f"- Work that changed with it ({work_steps.EXACT_NOTE}): "
+                         + _md("; ".join(work_steps.describe(w) for w in e.work)))
         if e.unmeasured:
             lines.append(f"- {_md(unmeasured_text(e))}")
         if is_control(p.metric):
@@ -201,12 +184,23 @@ def markdown(entries: Sequence[Regression]) -> str:
         lines += [f"- Confirm ({first} first):", "", "  ```bash", f"  {e.command}", "  ```"]
         if e.pairs_note:
             lines.append(f"  Pairs: {e.pairs_note}.")
+        if e.verdict:
+            lines += ["", f"- Confirmed live: {_md(e.verdict)}"]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 
 
 CONTROL_TEXT = ("Control: torchvision's own model, which no commit here changes; a step in it is the "
                 "measurement's or the machine's, not the code's")
+
+
+def left_out_markdown(found: Sequence[Section]) -> str:
+    """A section naming each result file that could not be used, per line and machine: the report was
+    made without those commits ("" when none was left out)."""
+    lines = [f"- {_md(s.line)}, {_md(s.machine)}: {_md(k.text())}" for s in found for k in s.skipped]
+    if not lines:
+        return ""
+    return "\n## Result files left out (their commits are missing from the analysis)\n\n" + "\n".join(lines) + "\n"
 
 
 def is_control(metric: str) -> bool:
@@ -265,6 +259,9 @@ def page(sections: Sequence[Section]) -> str:
         if s.error:
             parts.append(f"<p>{html.escape(s.error)}</p>")
             continue
+        if s.skipped:
+            parts.append("<p>Result files left out (their commits are missing here):</p><ul>"
+                         + "".join(f"<li>{html.escape(k.text())}</li>" for k in s.skipped) + "</ul>")
         rows = [(p.metric, p.commit, p.index, f"{p.before:.4g}", f"{p.after:.4g}",
                  "-" if p.change_pct is None else f"{p.change_pct:+.2f}%", f"{p.p_value:.2g}", p.direction,
                  gap_text(*s.gaps[(p.metric, p.index)], p.commit) if (p.metric, p.index) in s.gaps else "")
@@ -273,6 +270,7 @@ def page(sections: Sequence[Section]) -> str:
         parts.append(_table(("metric", "commit", "index", "before", "after", "change", "p", "direction",
                              "after commits with no value here"), rows,
                             [p.direction for p in s.points]) if rows else "<p>None.</p>")
+        parts.append(work_steps.page_part(s.work))
         parts.append("<h3>asv's flags</h3>")
         flags = [(f["benchmark"], str(f["commit"])[:8], f"{f['before']:.4g}", f"{f['after']:.4g}")
                  for f in s.flags]
@@ -289,9 +287,12 @@ def page(sections: Sequence[Section]) -> str:
                 f"<li>Commit <code>{html.escape(e.commit)}</code>: {html.escape(e.subject)}</li>"
                 f"<li>Before: {html.escape(e.before.text())}</li><li>After: {html.escape(e.after.text())}</li>"
                 f"<li>Stages that stepped with it: {html.escape(stages)}</li>"
+                + (f"<li>Work that changed with it: {html.escape('; '.join(map(work_steps.describe, e.work)))}</li>"
+                   if e.work else "")
                 + (f"<li>{html.escape(unmeasured_text(e))}</li>" if e.unmeasured else "")
                 + (f"<li>{html.escape(CONTROL_TEXT)}</li>" if is_control(e.point.metric) else "") + "</ul>"
                 f"<pre>{html.escape(e.command)}</pre><p>{html.escape(e.pairs_note)}</p>"
+                + (f"<p><b>Confirmed live:</b> {html.escape(e.verdict)}</p>" if e.verdict else "")
             )
     parts.append("</body></html>\n")
     return "\n".join(parts)
@@ -308,6 +309,8 @@ class Section:
     flags: list[dict] = field(default_factory=list)
     error: str = ""
     gaps: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)  # see :func:`regressions`
+    skipped: list[asv_files.Skipped] = field(default_factory=list)  # result files left out
+    work: list[ChangePoint] = field(default_factory=list)  # steps of the work counters (work_steps)
 
 
 def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str | None, dict[str, float]],
@@ -330,14 +333,14 @@ def sections(lines: dict[str, str], results: Path, repo: Path, noise: dict[str |
             if count < changepoints.MIN_POINTS or only not in (None, machine):
                 continue
             try:
-                points, found, gaps = regressions(line, revs, machine, results, repo,
-                                                  noise.get(machine, noise.get(None, {})), dashboard, suite)
+                section = regressions(line, revs, machine, results, repo, noise.get(machine, noise.get(None, {})),
+                                      dashboard, suite)
             except UsageError as e:
                 out.append(Section(line, machine, error=str(e)))
                 continue
             mine = [f for f in flagged if f["machine"] == machine and f["branch"] == branch
                     and str(f["commit"])[:8] in {c[:8] for c in commits}]
-            out.append(Section(line, machine, points, found, mine, gaps=gaps))
+            out.append(dataclasses.replace(section, flags=mine))
     return out
 
 
@@ -359,6 +362,8 @@ def build_parser(prog: str = "mrcnn-bench asv report") -> argparse.ArgumentParse
     parser.add_argument("--dashboard", default="", help="the dashboard's address, prefixed to the graph links")
     parser.add_argument("--md", type=Path, default=None, help="write the report here (markdown)")
     parser.add_argument("--html", type=Path, default=None, help="write the dashboard page here")
+    parser.add_argument("--confirm", action="store_true",
+                        help="run each timed block's confirm command (minutes each) and write its verdict in the block")
     return parser
 
 
@@ -371,8 +376,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "mrcnn-bench asv report"
     except UsageError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    if args.confirm:
+        found = confirmed(found, args.repo)
     entries = [e for s in found for e in s.regressions]
-    text = "# Regressions in the history, ready to file\n\n" + markdown(entries)
+    text = ("# Regressions in the history, ready to file\n\n" + markdown(entries)
+            + work_steps.markdown([(s.line, s.machine, s.work) for s in found]) + left_out_markdown(found))
     if args.md:
         args.md.write_text(text)
     if args.html:
@@ -381,6 +389,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "mrcnn-bench asv report"
     if not args.md:
         print(text)
     return 0
+
+
+def confirmed(found: list[Section], repo: Path) -> list[Section]:
+    """``found`` with each regression's confirm command run live and its verdict in the block."""
+    blocks = [(e.point.metric, e.parent[:8], e.commit[:8], e.pairs) for s in found for e in s.regressions]
+    verdicts = iter(live_confirm.confirm_each(blocks, repo))
+    return [dataclasses.replace(s, regressions=[dataclasses.replace(e, verdict=next(verdicts)) for e in s.regressions])
+            for s in found]
 
 
 NAV_ANCHOR = '<li id="nav-li-regressions"><a href="#/regressions">Regressions</a></li>'

@@ -31,12 +31,11 @@ else 0.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.base.text import cell
+from mrcnn_bench.base.text import cell, strict_json
 from mrcnn_bench.changes import asv_results_table, changepoints, history_series
 from mrcnn_bench.changes.changepoints import ChangePoint
 
@@ -68,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
-    """The series the arguments name, and a line saying where they come from."""
+    """The series the arguments name, and a line saying where they come from (and which result files
+    were left out, and why)."""
     if args.series is not None:
         if args.stages or args.work:
             flag = "--stages" if args.stages else "--work"
@@ -78,13 +78,16 @@ def read(args: argparse.Namespace) -> tuple[history_series.Series, str]:
     line = asv_results_table.line_of_commits(args.repo, args.revs)
     machine = args.machine or history_series.default_machine(args.results, line, args.revs)
     which = history_series.STAGES if args.stages else history_series.WORK if args.work else history_series.HELD
-    series, short = history_series.read_asv(args.results, machine, line, which)
+    series, short, left_out = history_series.read_asv(args.results, machine, line, which)
     if not series:
         raise UsageError(f"machine {machine!r}: no metric has {changepoints.MIN_POINTS} or more commits of "
                          f"{args.revs} (the change-point method needs that many)")
     where = f"{machine}, {max(len(c) for c, _ in series.values())} commits of {args.revs}, {len(series)} metrics"
     if short:
         where += f" ({len(short)} left out with fewer than {changepoints.MIN_POINTS} commits: {', '.join(short)})"
+    if left_out:
+        where += (f"; {len(left_out)} result file(s) left out, their commits missing: "
+                  + "; ".join(s.text() for s in left_out))
     return series, where
 
 
@@ -131,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         text += "\n\nafter commits with no value on this machine:\n" + "\n".join(notes)
     if args.json:
         print(text, file=sys.stderr)
-        print(json.dumps([p.to_dict() for p in points], indent=1))
+        print(strict_json([p.to_dict() for p in points], indent=1))
     else:
         print(text)
     return 1 if any(p.direction == "regression" for p in points) else 0

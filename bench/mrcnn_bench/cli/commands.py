@@ -141,7 +141,7 @@ def cmd_check_benchmarks(args: argparse.Namespace) -> int:
     try:
         data = json.loads(Path(args.json).read_text())
         ran = {b.get("extra_info", {}).get("case") for b in data["benchmarks"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise UsageError(f"{args.json}: no pytest-benchmark JSON ({type(e).__name__}: {e})") from None
     missing = sorted(expected - ran)
     print(f"benchmarks that ran: {len(expected & ran)} of the {len(expected)} expected cases")

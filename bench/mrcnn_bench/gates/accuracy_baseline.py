@@ -87,8 +87,8 @@ def load_baseline(path: str | Path, recipe: str | None = None) -> dict[str, Metr
         )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise BaselineError(f"baseline {path} is not valid JSON: {e}") from None
+    except (ValueError, RecursionError) as e:  # bad JSON, bad UTF-8, nesting past the stack
+        raise BaselineError(f"baseline {path} is not valid JSON: {type(e).__name__}: {str(e)[:120]}") from None
     if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         raise BaselineError(f'baseline {path} must be a JSON object with a "metrics" object')
     if recipe is not None and data.get("recipe") not in (None, recipe):

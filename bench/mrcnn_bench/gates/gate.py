@@ -186,7 +186,7 @@ def load_compile_baseline(path: Path, preset: str) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
         cases = doc["cases"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise UsageError(f"{path}: not a gate baseline ({type(e).__name__}: {e})") from None
     if not isinstance(cases, dict) or not cases:
         raise UsageError(f"{path}: not a gate baseline (no cases)")

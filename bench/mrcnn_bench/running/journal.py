@@ -15,13 +15,13 @@ holds a journal (:func:`hold`): a second run of the same ``--out`` and ``--name`
 
 from __future__ import annotations
 
+import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
 import signal
-import tempfile
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,28 +51,46 @@ def path_for(out_dir: str | Path, name: str) -> Path:
 
 def hold(path: Path) -> Any:
     """An exclusive lock on the journal at ``path`` for as long as the returned file stays open (the
-    process's life, at most). ValueError naming the holder when another process has it.
+    process's life, at most). UsageError when another process has it, or when ``path`` is a symlink.
 
-    The lock file lives in the temporary folder, named by a hash of the journal's absolute path, so
-    nothing is added to the output folder (which may be a tracked one).
+    The lock is an ``flock`` on the journal itself, created empty here if it does not exist: it lives
+    where the journal does, so every run of the same ``--out`` and ``--name`` sees it whatever its
+    ``TMPDIR``, and nothing is added to the output folder. The journal is opened without following a
+    symlink, so a link planted at its name cannot point the run's writes at another file.
     """
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
-    lock_path = Path(tempfile.gettempdir()) / "mrcnn-bench-locks" / f"{digest}.lock"
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    f = lock_path.open("a+")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UsageError(f"{path} is a symbolic link: a run writes its journal only to a plain file "
+                             "(remove the link, or give another --out or --name)") from None
+        raise UsageError(f"cannot open the journal {path}: {e.strerror or e}") from None
+    f = os.fdopen(fd, "r+b")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        f.close()
+        raise UsageError(f"{path} is not a plain file: give another --out or --name")
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
+        holder = _holder(os.fstat(fd).st_ino)
         f.close()
-        raise UsageError(f"{path} is being written by {holder}: one run per --out and --name at a time "
-                         "(wait for it, or give another --name)") from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"process {os.getpid()}")
-    f.flush()
+        raise UsageError(f"{path} is being written by {holder}: one run per --out and --name at a time (wait "
+                         "for it, or give another --name)") from None
     return f
+
+
+def _holder(inode: int) -> str:
+    """"process PID" holding an flock on the file ``inode``, from Linux's /proc/locks; else "another process"."""
+    try:
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return "another process"
+    for fields in (line.split() for line in table.splitlines()):
+        # "1: FLOCK  ADVISORY  WRITE 2047 00:2e:1234 0 EOF"; a waiter's line has "->" after the number
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            return f"process {fields[4]}"
+    return "another process"
 
 
 def open_for_run(out: str | None, name: str, resume: bool, start_over: bool) -> tuple[Path | None, Any]:
@@ -188,19 +206,21 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     """Every whole JSON line of an append-only file ([] when it does not exist), up to the first line a
     crash tore: the journal's, and the resumable studies' under ``bench/``."""
     lines: list[dict[str, Any]] = []
-    for text in path.read_text().splitlines() if path.is_file() else []:
+    for number, text in enumerate(path.read_text().splitlines() if path.is_file() else [], 1):
         if not text.strip():
             continue
         try:
             lines.append(json.loads(text))
         except json.JSONDecodeError:
             break  # a line torn by a crash: everything before it is whole
+        except RecursionError:  # no crash writes this: the file was made to break its reader
+            raise UsageError(f"{path} line {number}: JSON nested too deeply to read") from None
     return lines
 
 
 def read(path: Path, key: dict[str, Any]) -> Journal:
     """The journal at ``path``; ValueError if it is missing, unreadable, or of another run than ``key``."""
-    if not path.is_file():
+    if not path.is_file() or path.stat().st_size == 0:  # empty: created by the lock of a run that measured nothing
         raise UsageError(f"--resume: no journal {path} (it is written by a run with the same --out and --name)")
     lines = read_lines(path)
     if not lines or not isinstance(lines[0], dict) or lines[0].get("kind") != "start" \

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
-import math
 import os
 import platform
 import socket
@@ -23,6 +22,7 @@ import torch
 from mrcnn_bench.base import vcs
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.text import finite_or_none
 from mrcnn_bench.running.records import SCHEMA, RunDocument
 
 # The repository this harness lives in: bench/mrcnn_bench/running/store.py -> the root (git commands, results/).
@@ -92,14 +92,9 @@ def _json_default(x: Any) -> Any:
 
 
 def nan_to_none(x: Any) -> Any:
-    """``x`` with every NaN float (nested in dicts, lists, tuples) replaced by None: JSON's null."""
-    if isinstance(x, float) and math.isnan(x):
-        return None
-    if isinstance(x, dict):
-        return {k: nan_to_none(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [nan_to_none(v) for v in x]
-    return x
+    """``x`` with every NaN or infinite float (nested in dicts, lists, tuples) replaced by None: JSON's null
+    (``json.dumps`` would write ``NaN`` or ``Infinity``, which no other JSON reader takes)."""
+    return finite_or_none(x)
 
 
 def dumps(doc: RunDocument) -> str:
@@ -123,6 +118,8 @@ def load(path: str | Path) -> RunDocument:
         raise UsageError(f"{path}: cannot read ({e.strerror})") from None
     except ValueError as e:
         raise UsageError(f"{path}: not JSON ({e})") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not a run file (JSON nested too deeply to read)") from None
     try:
         return RunDocument.from_dict(raw)
     except (ValueError, KeyError, TypeError) as e:
@@ -133,7 +130,7 @@ def _claims_schema(path: Path) -> bool:
     """Whether ``path`` says it is a run file of today's schema (readable JSON with its ``schema``)."""
     try:
         raw = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(raw, dict) and raw.get("schema") == SCHEMA
 
