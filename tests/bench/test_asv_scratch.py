@@ -135,6 +135,21 @@ def test_the_steps_range_slows_one_stage_per_commit_among_noops(source_repo):
             assert changed == ([files[c["stage"]]] if c["kind"] == "slowdown" else [scratch.STEPS_NOTES])
 
 
+def test_the_work_range_changes_work_in_one_stage_per_commit_among_noops(source_repo):
+    """The counters' range: the steps range's two injections, 1% more mask-head FLOPs and one more RPN
+    operator, each editing one file of its stage, among commits that change no code."""
+    commits = scratch.expected(source_repo, scratch.WORK)
+    assert [c["kind"] for c in commits] == ["noop", "noop", "work", "noop", "work", "noop", "work", "noop", "work",
+                                            "noop", "noop", "noop"]
+    assert [c["stage"] for c in commits if c["kind"] == "work"] == ["backbone", "rpn_rest", "mask_head", "mask_head"]
+    assert scratch.WORK.revs == "asv-work~12^..asv-work" and "work" not in scratch.RANGES  # asv does not measure it
+    files = {"backbone": "mrcnn/backbone.py", "rpn_rest": "mrcnn/rpn.py", "mask_head": "mrcnn/mask_head.py"}
+    with scratch.throwaway_objects(scratch.Git(source_repo)) as git:
+        for c in scratch.build(git, scratch.WORK):
+            changed = git.run("diff-tree", "--no-commit-id", "--name-only", "-r", c["hash"]).split()
+            assert changed == ([files[c["stage"]]] if c["kind"] == "work" else [scratch.WORK_NOTES])
+
+
 def test_the_levels_are_measured_in_turn():
     line = ["b", "n1", "n2", "s1", "n3", "s2", "n4", "n5", "n6"]
     kinds = ["noop", "noop", "noop", "slowdown", "noop", "slowdown", "noop", "noop", "noop"]

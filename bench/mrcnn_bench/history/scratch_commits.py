@@ -6,7 +6,10 @@ how); this module only says what they are:
 - the scratch range (``asv-scratch``, :data:`SCRATCH`): seven commits on 86c8714, three of them
   injecting a 10-15% slowdown, a recompilation and an accuracy loss;
 - the steps range (``asv-steps``, :data:`STEPS`): 29 commits on main's 70c91c7, two of them
-  slowing one stage each by about 3% and 5%.
+  slowing one stage each by about 3% and 5%;
+- the work range (``asv-work``, :data:`WORK`): 12 commits on the same base for the exact work
+  counters: the steps range's two injections, 1% more FLOPs in the mask head, and one more
+  elementwise operator in the RPN, among commits that change nothing.
 
 Each edit is an exact text replacement whose anchor must occur exactly once at the parent.
 """
@@ -53,7 +56,7 @@ Change = Replace | Create | Append
 
 @dataclass(frozen=True)
 class ScratchCommit:
-    kind: str  # "noop", "slowdown", "recompile" or "accuracy"
+    kind: str  # "noop", "slowdown", "recompile", "accuracy", or "work" (a change of work the counters must find)
     subject: str  # without the "scratch N/7 [kind]: " prefix
     changes: tuple[Change, ...]
     stage: str = ""  # a slowdown's stage (a key of mrcnn_bench.running.stages.STAGE_KEYS), where it is confined to one
@@ -270,4 +273,54 @@ STEP_COMMITS: tuple[ScratchCommit, ...] = (
     *(_note(k) for k in range(25, 30)),
 )
 STEPS = ScratchRange("asv-steps", STEPS_BASE, STEP_COMMITS, "steps", "2026-11-27T09", with_base=True)
-RANGES = {"scratch": SCRATCH, "steps": STEPS}
+
+# --- the work range: what the exact counters must find, and only that -----------------------------
+# The smallest changes of work a commit makes: one more elementwise operator in the RPN (x * 1.0 is x
+# bit for bit, and its result is used), and the mask head over a fiftieth of its RoIs again after the
+# steps range's doubling of the head (1% more of the doubled head's FLOPs), added as +0.0.
+
+WORK_NOTES = "scratch/WORK.md"
+
+_RPN_OLD = """        objectness = flatten_head_outputs(objectness_maps, 1)[..., 0]  # [B, A_total]
+"""
+
+_RPN_NEW = """        # Scratch: one more elementwise operator in the RPN; x * 1.0 is x bit for bit.
+        objectness = flatten_head_outputs(objectness_maps, 1)[..., 0] * 1.0  # [B, A_total]
+"""
+
+_MASK_HEAD_MORE_OLD = """    logits = predictor(features)
+"""
+
+_MASK_HEAD_MORE_NEW = """    if not head.training:
+        # Scratch: the head again over a fiftieth of the RoIs, 1% of the doubled head's FLOPs, as +0.0.
+        few = head(x[: max(1, x.shape[0] // 50)]).sum()
+        features = features - torch.nan_to_num(few, nan=0.0, posinf=0.0, neginf=0.0).abs() * 0.0
+    logits = predictor(features)
+"""
+
+
+def _work_note(k: int) -> ScratchCommit:
+    return ScratchCommit("noop", "note in scratch/WORK.md (no code change)",
+                         (Append(WORK_NOTES, f"commit {k} changes no code\n"),))
+
+
+WORK_COMMITS: tuple[ScratchCommit, ...] = (
+    ScratchCommit("noop", "add scratch/WORK.md (no code change)",
+                  (Create(WORK_NOTES, "asv work range: commit 1 changes no code\n"),)),
+    _work_note(2),
+    ScratchCommit("work", "the static backbone runs the FPN's P3 output convolution three times more",
+                  (Replace("mrcnn/backbone.py", _BACKBONE_OLD, _BACKBONE_NEW),), stage="backbone"),
+    _work_note(4),
+    ScratchCommit("work", "one more elementwise operator in the RPN",
+                  (Replace("mrcnn/rpn.py", _RPN_OLD, _RPN_NEW),), stage="rpn_rest"),
+    _work_note(6),
+    ScratchCommit("work", "the static model's mask head runs its convolutions twice in eval mode",
+                  (Replace("mrcnn/mask_head.py", _MASK_HEAD_OLD, _MASK_HEAD_NEW),), stage="mask_head"),
+    _work_note(8),
+    ScratchCommit("work", "the mask head again over a fiftieth of its RoIs: 1% more of its FLOPs",
+                  (Replace("mrcnn/mask_head.py", _MASK_HEAD_MORE_OLD, _MASK_HEAD_MORE_NEW),), stage="mask_head"),
+    *(_work_note(k) for k in range(10, 13)),
+)
+WORK = ScratchRange("asv-work", STEPS_BASE, WORK_COMMITS, "work", "2026-12-03T09", with_base=True)
+RANGES = {"scratch": SCRATCH, "steps": STEPS}  # the ranges asv measures: lines of the history and its report
+BUILT = {**RANGES, "work": WORK}  # every range `mrcnn-bench asv scratch --range` builds

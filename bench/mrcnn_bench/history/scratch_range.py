@@ -1,4 +1,4 @@
-"""Deterministic commit ranges for asv's regression detection: ``asv-scratch`` and ``asv-steps``.
+"""Deterministic commit ranges: asv-scratch and asv-steps for regression detection, asv-work for the counters.
 
 The commits themselves are data in :mod:`mrcnn_bench.history.scratch_commits`; this module builds them. The
 scratch range: seven commits on a fixed base (:data:`BASE`): four change nothing under ``mrcnn/``
@@ -45,6 +45,7 @@ from mrcnn_bench.history.scratch_commits import (  # noqa: F401 (re-exported: th
     AUTHOR_NAME,
     BASE,
     BRANCH,
+    BUILT,
     COMMITS,
     NOTES,
     RANGES,
@@ -54,6 +55,8 @@ from mrcnn_bench.history.scratch_commits import (  # noqa: F401 (re-exported: th
     STEPS,
     STEPS_BASE,
     STEPS_NOTES,
+    WORK,
+    WORK_NOTES,
     Append,
     Change,
     Create,
@@ -262,8 +265,9 @@ def build_parser(prog: str = "mrcnn-bench asv scratch", default_repo: str | Path
     """``mrcnn-bench asv scratch``'s arguments."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     parser.add_argument("--repo", default=str(default_repo), help="git repository (default: %(default)s)")
-    parser.add_argument("--range", choices=sorted(RANGES), default="scratch",
-                        help="which range: scratch (10-15%% regressions), steps (3%% and 5%% in one stage each)")
+    parser.add_argument("--range", choices=sorted(BUILT), default="scratch",
+                        help="which range: scratch (10-15%% regressions), steps (3%% and 5%% in one stage each), "
+                             "work (changes of work for the exact counters; default: %(default)s)")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="exit 1 unless the branch is the expected tip")
     mode.add_argument("--list", action="store_true", help="print the expected commits as JSON")
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None, default_repo: str | Path = ".", prog: st
     """``mrcnn-bench asv scratch``'s command line; ``default_repo``: ``--repo``'s default (the script
     passes the checkout it lies in)."""
     args = build_parser(prog, default_repo).parse_args(argv)
-    rng = RANGES[args.range]
+    rng = BUILT[args.range]
     try:
         if args.list:
             print(json.dumps(expected(args.repo, rng), indent=1))
