@@ -59,8 +59,9 @@ def one_trial(kind: str, case: str) -> dict:
         start, load = time.monotonic(), os.getloadavg()[0]
         proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=False)
         seconds = time.monotonic() - start
-        if proc.returncode not in (0, 1):
-            raise RuntimeError(f"compare exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+        if proc.returncode not in (0, 1) or not out.is_file():
+            raise RuntimeError(f"compare exited {proc.returncode} (its --out written: {out.is_file()}):\n"
+                               f"{proc.stderr[-3000:]}")
         (line,) = json.loads(out.read_text())["comparison"]
     return {"kind": kind, "case": case, "flagged": bool(line["regression"]), "ratio": line["ratio_b_over_a"],
             "ci95": line["ci95"], "p_value": line["p_value"], "process_sd": line["process_sd"],
