@@ -20,7 +20,10 @@ def bounded(kind: type, low: float, high: float = math.inf, low_open: bool = Fal
     """An argparse type: a finite ``kind`` (int or float) in [low, high], the ends left out where
     ``low_open`` or ``high_open``; anything else is argparse's one-line usage error, naming the flag."""
     noun = "an integer" if kind is int else "a number"
-    span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    def shown(v: float) -> str:  # a seed's bound as 4294967295, not 4.29497e+09
+        return str(int(v)) if kind is int and math.isfinite(v) else f"{v:g}"
+
+    span = f"{'(' if low_open else '['}{shown(low)}, {shown(high)}{')' if high_open else ']'}"
 
     def parse(text: str) -> float:
         try:

@@ -401,3 +401,7 @@ def test_bounded_reads_numbers_within_their_range():
     for bad in ("-1", "1.5", "x", str(cli_args.SEED_MAX + 1)):
         with pytest.raises(argparse.ArgumentTypeError):
             seed(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"is not in \[0, 4294967295\]"):
+        seed("-1")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"'1' is not in \[0, 1\)"):
+        cli_args.bounded(float, 0, 1, high_open=True)("1")
