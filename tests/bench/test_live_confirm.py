@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mrcnn_bench.changes import live_confirm
+from mrcnn_bench.changes import confirm_command, live_confirm
 from mrcnn_bench.changes import regression_report as report
 from mrcnn_bench.changes.changepoints import ChangePoint
 
@@ -13,6 +13,12 @@ from mrcnn_bench.changes.changepoints import ChangePoint
 def _row(ratio: float, p: float | None) -> dict:
     return {"case": "static/eager", "ratio_b_over_a": ratio, "ci95": "1.021-1.041", "p_value": p, "pairs": 12,
             "n": 32, "regression": p is not None and p < 0.01}
+
+
+def confirm(metric: str, parent: str, commit: str, pairs: int | None) -> tuple[str, int | None]:
+    """A block's (confirm command, pairs) as the report writes them (the A/A noise chosen to give ``pairs``)."""
+    command, _, _ = confirm_command.confirm(metric, parent, commit, 4.0, {})
+    return (command.replace(f"--pairs {confirm_command.GUESS_PAIRS}", f"--pairs {pairs}"), pairs)
 
 
 def test_each_timed_block_is_confirmed_and_exact_ones_are_not_rerun():
@@ -25,10 +31,10 @@ def test_each_timed_block_is_confirmed_and_exact_ones_are_not_rerun():
         calls.append((args, repo))
         return next(outcomes)
 
-    blocks = [("Latency.track_ratio(static/eager)", "aaaa1111", "bbbb2222", 12),
-              ("Compiles.track_count(static/xla, xla_compiles)", "aaaa1111", "bbbb2222", None),
-              ("Training.track_ratio(static/train)", "cccc3333", "dddd4444", 9),
-              ("Latency.track_ratio(static/inductor)", "eeee5555", "ffff6666", 20)]
+    blocks = [(confirm("Latency.track_ratio(static/eager)", "aaaa1111", "bbbb2222", 12)),
+              (confirm("Compiles.track_count(static/xla, xla_compiles)", "aaaa1111", "bbbb2222", None)),
+              (confirm("Training.track_ratio(static/train)", "cccc3333", "dddd4444", 9)),
+              (confirm("Latency.track_ratio(static/inductor)", "eeee5555", "ffff6666", 20))]
     got = live_confirm.confirm_each(blocks, Path("/repo"), run=fake, log=lambda _line: None)
     assert [a[:4] for a, _ in calls] == [["compare", "aaaa1111", "bbbb2222", "--cases"],
                                          ["compare", "cccc3333", "dddd4444", "--cases"],

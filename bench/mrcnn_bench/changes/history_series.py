@@ -124,7 +124,8 @@ def _metric(key: str, params: tuple[str, ...]) -> str:
 
 
 def read_asv(
-    results: Path, machine: str, line: list[str], benchmarks: tuple[str, ...] = HELD
+    results: Path, machine: str, line: list[str], benchmarks: tuple[str, ...] = HELD,
+    read: asv_files.MachineResults | None = None,
 ) -> tuple[Series, list[str], list[asv_files.Skipped]]:
     """The figures of ``benchmarks`` (default: the held ones) of ``machine`` over ``line``'s commits
     (oldest first, 8-character hashes), of the suite's current version only (an older version is
@@ -133,12 +134,13 @@ def read_asv(
     A commit without a figure (not measured, or not measurable there: NaN) is left out of that
     metric's series. Returns the series with at least :data:`MIN_POINTS` points, the names of the
     metrics left out for having fewer, and the result files of the line's commits that could not be
-    used (:mod:`asv_files`). UsageError when the machine has no results on the line.
+    used (:mod:`asv_files`); ``read``: the machine's files when the caller read them already (one read
+    for several sets of benchmarks). UsageError when the machine has no results on the line.
     """
     if not (results / machine / "machine.json").exists():
         raise UsageError(f"no asv machine {machine!r} under {results}")
     versions = suite_versions(results)
-    read = asv_files.read(results, machine)
+    read = read or asv_files.read(results, machine)
     by_commit = {r.commit_hash: r for r in read.results}
     on_line = {c[:8] for c in line}
     skipped = [s for s in read.skipped if s.commit[:8] in on_line or not s.commit]

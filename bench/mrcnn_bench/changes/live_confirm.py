@@ -13,6 +13,7 @@ case that errors) says so in the block; the report is still written.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -21,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from mrcnn_bench.changes.confirm_command import case_of
 
 
 @dataclass(frozen=True)
@@ -39,13 +38,14 @@ class Outcome:
 Runner = Callable[[list[str], Path], Outcome]
 
 
-def compare_args(metric: str, parent: str, commit: str, pairs: int | None) -> list[str] | None:
-    """``mrcnn-bench compare``'s arguments that confirm a step of ``metric`` at ``commit``; None for a
-    figure that is exact in the history (compile counts, ``1 - AP``) or one with no case."""
-    case = case_of(metric)
-    if not case or pairs is None or not metric.startswith(("Latency.", "Training.")):
+def compare_args(command: str, pairs: int | None) -> list[str] | None:
+    """``mrcnn-bench``'s arguments in a block's confirm command (:func:`confirm_command.confirm`), when it
+    is a compare in process pairs; None for the exact figures (compile counts, ``1 - AP``), whose
+    commands measure nothing the history does not hold already."""
+    words = shlex.split(command)
+    if pairs is None or words[:2] != ["mrcnn-bench", "compare"]:
         return None
-    return ["compare", parent, commit, "--cases", case, "--threshold", "0", "--pairs", str(pairs), "--no-progress"]
+    return [*words[1:], "--no-progress"]
 
 
 def run_compare(args: list[str], repo: Path) -> Outcome:
@@ -79,13 +79,13 @@ def _number(value: Any, spec: str) -> str:
     return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"
 
 
-def confirm_each(blocks: list[tuple[str, str, str, int | None]], repo: Path, run: Runner = run_compare,
+def confirm_each(blocks: list[tuple[str, int | None]], repo: Path, run: Runner = run_compare,
                  log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> list[str]:
-    """The verdict of each (metric, parent, commit, pairs) block, "" for one that is not re-run; each
+    """The verdict of each (confirm command, process pairs) block, "" for one that is not re-run; each
     compare's line is logged as it finishes."""
     out = []
-    for k, (metric, parent, commit, pairs) in enumerate(blocks, 1):
-        args = compare_args(metric, parent, commit, pairs)
+    for k, (command, pairs) in enumerate(blocks, 1):
+        args = compare_args(command, pairs)
         if args is None:
             out.append("")
             continue

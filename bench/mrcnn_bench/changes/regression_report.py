@@ -114,14 +114,15 @@ def regressions(
     (:func:`history_series.gaps`), the result files that could not be used (:mod:`asv_files`) and
     the steps of the work counters (:mod:`work_steps`)."""
     commits = asv_results_table.line_of_commits(repo, revs)
-    series, _, left_out = history_series.read_asv(results, machine, commits)
+    read = asv_files.read(results, machine)  # once for the held figures, the stages and the work
+    series, _, left_out = history_series.read_asv(results, machine, commits, read=read)
     points = changepoints.find(series)
     try:
-        stage_series, _, _ = history_series.read_asv(results, machine, commits, history_series.STAGES)
+        stage_series, _, _ = history_series.read_asv(results, machine, commits, history_series.STAGES, read)
     except UsageError:  # measured before stages were: none to show
         stage_series = {}
     stage_points = changepoints.find(stage_series) if stage_series else []
-    work = work_steps.steps(results, machine, commits)
+    work = work_steps.steps(results, machine, commits, read)
     position = {c[:8]: i for i, c in enumerate(commits)}
     branch = branch_of(line)
     # Where the machine has no value for commits that change the library before a point, the step lies
@@ -393,7 +394,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "mrcnn-bench asv report"
 
 def confirmed(found: list[Section], repo: Path) -> list[Section]:
     """``found`` with each regression's confirm command run live and its verdict in the block."""
-    blocks = [(e.point.metric, e.parent[:8], e.commit[:8], e.pairs) for s in found for e in s.regressions]
+    blocks = [(e.command, e.pairs) for s in found for e in s.regressions]
     verdicts = iter(live_confirm.confirm_each(blocks, repo))
     return [dataclasses.replace(s, regressions=[dataclasses.replace(e, verdict=next(verdicts)) for e in s.regressions])
             for s in found]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.text import cell
-from mrcnn_bench.changes import changepoints, history_series
+from mrcnn_bench.changes import asv_files, changepoints, history_series
 from mrcnn_bench.changes.changepoints import ChangePoint
 from mrcnn_bench.changes.confirm_command import case_of
 
@@ -28,11 +28,13 @@ WINDOW = 1  # a work step counts for a block when it is this many commits or few
 EXACT_NOTE = "exact counters: any change between consecutive commits is a step, no p-value"
 
 
-def steps(results: Path, machine: str, commits: list[str]) -> list[ChangePoint]:
+def steps(results: Path, machine: str, commits: list[str],
+          read: asv_files.MachineResults | None = None) -> list[ChangePoint]:
     """Every step of ``machine``'s work counters over ``commits`` (oldest first); none when the machine
-    measured no counters there (results from before the counters existed)."""
+    measured no counters there (results from before the counters existed). ``read``: as
+    :func:`history_series.read_asv` takes it."""
     try:
-        series, _, _ = history_series.read_asv(results, machine, commits, history_series.WORK)
+        series, _, _ = history_series.read_asv(results, machine, commits, history_series.WORK, read)
     except UsageError:
         return []
     return changepoints.find(series, history_series.exact_metrics(series))

@@ -35,6 +35,7 @@ import pandas as pd
 from mrcnn_bench.base import defaults, timing, vcs
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.text import finite_or_none
 from mrcnn_bench.gates import pairs as process_pairs
 from mrcnn_bench.gates import stats
 from mrcnn_bench.running import runner, store
@@ -388,5 +389,5 @@ def compare(opts: CompareOptions) -> int:
                "pairs": [{"a_first": p.a_first, "seconds": p.seconds,
                           "rows": {r.row: {"status": r.status, "times_s": r.times_s} for r in p.doc.records}}
                          for p in pairs]}
-        atomic_write(opts.out, json.dumps(store.nan_to_none(out), indent=1, default=str) + "\n")
+        atomic_write(opts.out, json.dumps(finite_or_none(out), indent=1, default=str) + "\n")
     return 1 if len(flagged) else 2 if len(untested) else 0

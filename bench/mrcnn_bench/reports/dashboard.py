@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from mrcnn_bench.base.text import finite_or_none
 from mrcnn_bench.reports import report, run_notes
 from mrcnn_bench.running import store
 from mrcnn_bench.running.records import Record, RunDocument
@@ -67,7 +68,7 @@ def records_frame(runs: list[tuple[Path, RunDocument]]) -> pd.DataFrame:
     """Every record of every run, one line each, with its run's name and file (JSON values: null, not NaN)."""
     frames = []
     for file, doc in runs:
-        df = pd.DataFrame.from_records([store.nan_to_none(r.to_dict()) for r in doc.records])
+        df = pd.DataFrame.from_records([finite_or_none(r.to_dict()) for r in doc.records])
         df["run"] = doc.name
         df["file"] = str(file)
         frames.append(df)

@@ -91,15 +91,9 @@ def _json_default(x: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(x).__name__}")
 
 
-def nan_to_none(x: Any) -> Any:
-    """``x`` with every NaN or infinite float (nested in dicts, lists, tuples) replaced by None: JSON's null
-    (``json.dumps`` would write ``NaN`` or ``Infinity``, which no other JSON reader takes)."""
-    return finite_or_none(x)
-
-
 def dumps(doc: RunDocument) -> str:
     """The text of a run file."""
-    return json.dumps(nan_to_none(doc.to_dict()), indent=1, default=_json_default) + "\n"
+    return json.dumps(finite_or_none(doc.to_dict()), indent=1, default=_json_default) + "\n"
 
 
 def save(doc: RunDocument, path: Path) -> Path:
