@@ -78,6 +78,8 @@ def test_stage_table_gives_each_stage_its_fraction_of_the_ceiling():
     assert df.loc["a", "static_gflop"] == 400.0 and df.loc["a", "static_frac_ceiling"] == 0.5
     assert df.loc["total", "static_share"] == 1.0 and df.loc["total", "static_frac_ceiling"] == 500 / 4 / 400
     assert "static_frac_ceiling" not in report.stage_frame(RunDocument("t", {}, RunInfo(stages=info.stages), []))
+    info.ceiling["unreliable"] = "matmul_fp32 ran at 450 GFLOP/s, 1.13x the fp32 ceiling of 400"  # ceiling.check
+    assert "static_frac_ceiling" not in report.stage_frame(RunDocument("t", {}, info, []))
 
 
 def test_stage_table_shows_operators_and_bytes_beside_flops():

@@ -223,7 +223,7 @@ def stage_frame(doc: RunDocument) -> pd.DataFrame | None:
     df.index.name = "stage (eager fp32, CPU, median of 3, interleaved)"
     if "static_s" in df:
         df["static_share"] = df["static_s"] / df["static_s"].iloc[-1]
-    ceiling = doc.run.ceiling.get("fp32_gflops")
+    ceiling = None if doc.run.ceiling.get("unreliable") else doc.run.ceiling.get("fp32_gflops")
     for impl, flops in doc.run.stage_flops.items():
         gflop = pd.Series(flops) / 1e9
         df[f"{impl}_gflop"] = gflop

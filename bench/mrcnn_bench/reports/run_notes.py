@@ -36,7 +36,9 @@ def notes(doc: RunDocument) -> list[str]:
     run, env = doc.run, doc.environment
     out = []
     c = run.ceiling
-    if c and c.get("fma_units"):
+    if c.get("unreliable"):
+        out.append(f"frac_peak not shown: this run's kernel rates contradict the machine's ceiling. {c['unreliable']}.")
+    elif c and c.get("fma_units"):
         out.append(f"frac_peak: GFLOP/s over this machine's ceiling, {c['fp32_gflops']:.0f} GFLOP/s fp32 and "
                    f"{c['bf16_gflops']:.0f} bf16 = {c['cores']} cores x {c['fma_units']} FMA units x "
                    f"{c['lanes']} fp32 lanes x 2 x {c['clock_ghz']:.2f} GHz (clock and units measured by "

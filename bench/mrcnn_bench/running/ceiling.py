@@ -14,8 +14,12 @@ FMAs compiled for this CPU (``cc -O2 -march=native``) and run on every usable co
 
 The SIMD width comes from the CPU's flags (AVX-512: 16 fp32 lanes, AVX2: 8). The bf16 ceiling is
 twice the fp32 one where the CPU has AVX-512 BF16 (``vdpbf16ps`` does two multiply-adds per fp32
-lane). Without a C compiler, or on another architecture, the best measured convolution rate
-stands in, labelled as such.
+lane). Without a C compiler, or on another architecture, the best measured kernel rate stands in,
+labelled as such.
+
+No kernel runs faster than the machine can, so :func:`check` holds the ceiling against the kernel
+rates the same run measured: a rate above it proves one of its factors wrong, and the ceiling comes
+back marked ``unreliable``, naming the assumption that failed, so that no fraction of it is shown.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 # FMA latency in cycles. Haswell and Broadwell (family 6, these models) take 5; later Intel cores
@@ -36,6 +42,10 @@ FMA_LATENCY = 4
 SLOW_FMA_MODELS = {0x3C, 0x3F, 0x45, 0x46, 0x3D, 0x47, 0x4F, 0x56}
 CHAINS = 12  # independent chains: more than 2 units x 5 cycles, so no core waits on latency
 LOOP_SECONDS = 0.25  # per loop and core: long enough to reach the loaded clock, short for a run
+# How far a kernel may run above the loops' product before a factor is called wrong. The clock drifts
+# by a few percent between the loops' quarter second and a kernel probe (turbo, a VM's neighbours);
+# the discrete factors are wrong in steps of 5/4 or more (a 4- vs 5-cycle latency, 1 vs 2 units).
+CLOCK_DRIFT = 0.10
 
 _SOURCE = r"""
 #include <immintrin.h>
@@ -100,6 +110,10 @@ class Ceiling:
     clock_ghz: float = 0.0
     fma_units: int = 0
     lanes: int = 0  # fp32 lanes of one FMA
+    clock_one_core_ghz: float = 0.0  # the dependent chain on one core alone: above clock_ghz, the cores contend
+    units_measured: float = 0.0  # FMAs per cycle per core the independent chains did, before rounding
+    latency_cycles: int = 0  # the FMA latency the clock assumes (fma_latency)
+    unreliable: str = ""  # set by check: a measured kernel rate above the ceiling, and what failed
 
     def for_precision(self, precision: str) -> float:
         return self.bf16_gflops if precision == "bf16" else self.fp32_gflops
@@ -166,17 +180,75 @@ def measure(fallback_gflops: dict[str, float] | None = None) -> Ceiling:
                 exe = _fmaloop(Path(tmp))
         if exe is not None:
             with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, IndexError):
+                latency = fma_latency(ident)
                 lanes, dependent = _rate(exe, True, cores)
                 _, independent = _rate(exe, False, cores)
-                clock_hz = dependent * fma_latency(ident)
+                alone = _rate(exe, True, 1)[1] if cores > 1 else dependent
+                clock_hz = dependent * latency
                 units = max(1, round(independent / clock_hz))
                 fp32 = cores * units * lanes * 2 * clock_hz / 1e9
                 bf16 = fp32 * (2 if "avx512_bf16" in flags else 1)
                 return Ceiling(fp32, bf16, f"FMA loops on {cores} cores (cc -march=native)", cores,
-                               clock_hz / 1e9, units, lanes)
+                               clock_hz / 1e9, units, lanes, alone * latency / 1e9, independent / clock_hz,
+                               latency)
     fallback = fallback_gflops or {}
     return Ceiling(fallback.get("fp32", float("nan")), fallback.get("bf16", float("nan")),
                    "no FMA loop here: best measured convolution rate", cores)
+
+
+def check(c: Ceiling, rates: Mapping[str, float], flags: set[str] | None = None) -> Ceiling:
+    """``c`` held against the kernel rates the run measured (``{"matmul_fp32": GFLOP/s, ...}``, the
+    precision after the last underscore; ``flags``: the CPU's, default this one's).
+
+    A stand-in ceiling (no FMA loop here) is the best kernel rate measured, so it is raised to the
+    best of ``rates``; so is a ceiling from the FMA loops that a rate exceeds by at most
+    :data:`CLOCK_DRIFT` (the clock moved between them). One exceeded by more comes back with
+    ``unreliable`` saying by how much and which assumption failed (:func:`_failed_assumption`).
+    """
+    best: dict[str, tuple[float, str]] = {}
+    for name, rate in rates.items():
+        tag = name.rpartition("_")[2]
+        if math.isfinite(rate) and rate > best.get(tag, (-math.inf, ""))[0]:
+            best[tag] = (rate, name)
+    raised = {tag: max((v for v in (c.for_precision(tag), best.get(tag, (math.nan,))[0]) if v == v),
+                       default=math.nan) for tag in ("fp32", "bf16")}
+    if not c.fma_units:
+        return dataclasses.replace(c, fp32_gflops=raised["fp32"], bf16_gflops=raised["bf16"],
+                                   source="no FMA loop here: the best kernel rate measured")
+    over = [(rate / c.for_precision(tag), name, rate, tag) for tag, (rate, name) in best.items()
+            if rate > c.for_precision(tag)]
+    if not over:
+        return c
+    factor, name, rate, tag = max(over)
+    if factor <= 1 + CLOCK_DRIFT:
+        return dataclasses.replace(c, fp32_gflops=raised["fp32"], bf16_gflops=raised["bf16"], source=(
+            f"{c.source}, raised to the {name} rate measured, {100 * (factor - 1):.1f}% above the loops' clock"))
+    head = (f"{name} ran at {rate:.0f} GFLOP/s, {factor:.2f}x the {tag} ceiling of {c.for_precision(tag):.0f} "
+            f"({c.cores} cores x {c.fma_units} FMA units x {c.lanes} lanes x 2 x {c.clock_ghz:.2f} GHz"
+            f"{' x 2 for bf16' if c.bf16_gflops > c.fp32_gflops and tag == 'bf16' else ''}), so a factor of it "
+            "is too low: ")
+    flags = cpu_flags()[0] if flags is None else flags
+    return dataclasses.replace(c, unreliable=head + _failed_assumption(c, rate, factor, tag, flags))
+
+
+def _failed_assumption(c: Ceiling, rate: float, factor: float, tag: str, flags: set[str]) -> str:
+    """Which of the ceiling's assumptions the measurements contradict, with the evidence."""
+    if tag == "bf16" and "amx_bf16" in flags:
+        return ("units: this CPU has AMX tiles (amx_bf16), which do bf16 multiply-adds outside the FMA "
+                "units the ceiling counts")
+    if c.clock_one_core_ghz > 1.1 * c.clock_ghz:
+        return (f"shared vCPUs: one core alone ran the FMA chain at {c.clock_one_core_ghz:.2f} GHz, all "
+                f"{c.cores} at once at {c.clock_ghz:.2f} GHz each, so the cores contended (SMT siblings, or "
+                "other work on the host) while the loops ran")
+    loops = c.cores * c.units_measured * c.lanes * 2 * c.clock_ghz * (2 if tag == "bf16" and "avx512_bf16" in flags
+                                                                       else 1)
+    if loops >= rate:
+        return (f"latency or units: the independent chains did {c.units_measured:.2f} FMAs per cycle per core "
+                f"at the clock a {c.latency_cycles}-cycle FMA latency gives, which the ceiling rounds to "
+                f"{c.fma_units}; an FMA likely takes other than {c.latency_cycles} cycles on this core")
+    return (f"clock: the FMA loops themselves reached only {loops:.0f} GFLOP/s, so the kernel ran at a higher "
+            f"clock than the loops' {c.clock_ghz:.2f} GHz (it needs {c.clock_ghz * factor:.2f}: turbo the "
+            "loops' short run did not reach, or a host busy while they ran)")
 
 
 def main() -> int:

@@ -264,9 +264,12 @@ def make_record(r: RowResult, run: RunInfo, env: dict[str, Any]) -> Record:
     images_per_call = TRAIN_BATCH if case.phase == "training" else workload.batch_size
     tag = "bf16" if case.precision == "bf16" else "fp32"
     # The machine's fixed ceiling (mrcnn_bench.running.ceiling) where measured; older run files: their kernel peaks.
+    # A ceiling some kernel beat is no ceiling: no fraction of it (its notes say why).
     peak = run.ceiling.get(f"{tag}_gflops", NAN) if run.ceiling else NAN
     if peak != peak:
         peak = max((v for k, v in run.peaks.items() if k.endswith(tag)), default=NAN)
+    if run.ceiling.get("unreliable"):
+        peak = NAN
     gflops = r.flops / med / 1e9 if measured else NAN
     warm, rounds, start = r.counters_warm, r.counters_rounds, r.counters_start
     par = aggregate_parity(r.parity) if r.parity else None

@@ -197,6 +197,10 @@ def run(opts: RunOptions, context: tuple[Context, str] | None = None) -> RunOutp
                # stored before this key kept them, and compare refuses to mix the two (ab.settings).
                "subnormals": SUBNORMALS}
     peaks = {k: max(v, peaks_end.get(k, v)) for k, v in peaks_start.items()}
+    if limit is not None:  # no kernel beats the machine: one that did proves the ceiling wrong
+        limit = ceiling.check(limit, peaks)
+        if limit.unreliable:
+            log(f"ceiling unreliable, no fraction of it shown: {limit.unreliable}")
     info = RunInfo(stages, opts.workload, peaks, machine, opts.time_limit, weights_desc, run_clock.elapsed(),
                    threads, options, interrupted=interrupted, resumed_from_round=start,
                    ceiling=dataclasses.asdict(limit) if limit else {}, stage_flops=flops_by_stage,
