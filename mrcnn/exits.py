@@ -14,7 +14,9 @@
                   to stderr too when the ``<PROG>_DEBUG`` variable (for example ``MRCNN_BENCH_DEBUG``)
                   is ``1``
   128 + N         stopped by signal N (130 SIGINT / Ctrl-C, 143 SIGTERM): the shell's convention,
-                  after a line saying so; ``mrcnn-bench run --out`` first writes what it measured
+                  after a line saying so; ``mrcnn-bench run --out`` first writes what it measured.
+                  SIGTERM unwinds the command as Ctrl-C does, so what it made on the way (a git
+                  worktree, a temporary folder) is removed before it exits
 
 This module imports nothing beyond the standard library, so a command's ``--help`` and
 ``--version`` stay fast.
@@ -22,11 +24,14 @@ This module imports nothing beyond the standard library, so a command's ``--help
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
 import tempfile
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
 
 PASSED, FAILED, UNDECIDED, INTERNAL = 0, 1, 2, 3
@@ -45,6 +50,29 @@ class UsageError(ValueError):
     project can fail stays a ``ValueError`` (exit 3: a bug). It subclasses ValueError so that library
     callers catching ValueError keep working.
     """
+
+
+class Stopped(BaseException):
+    """SIGTERM, raised in the main thread as Ctrl-C raises ``KeyboardInterrupt`` (a BaseException, so no
+    ``except Exception`` swallows it), so that ``finally`` blocks and context managers run before exit."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+@contextlib.contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs, SIGTERM raises :class:`Stopped`: where nothing else handles it (the default
+    action would end the process without any cleanup) and only in the main thread (the one signals reach)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def debug_variable(prog: str) -> str:
@@ -74,12 +102,16 @@ def guarded(prog: str, run: Callable[[], int], command: Callable[[], str] = lamb
     is a bug (:func:`internal_error`).
     """
     try:
-        return int(run() or PASSED)
+        with sigterm_unwinds():
+            return int(run() or PASSED)
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (PASSED if e.code is None else UNDECIDED)
     except KeyboardInterrupt:
         print(f"{_where(prog, command())}: interrupted", file=sys.stderr)
         return 130  # the shell's convention for SIGINT
+    except Stopped:
+        print(f"{_where(prog, command())}: stopped by SIGTERM", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (UsageError, OSError) as e:  # input or environment, not a bug: one line
         print(f"{_where(prog, command())}: error: {e}", file=sys.stderr)
         return UNDECIDED

@@ -5,6 +5,10 @@ Nothing here asserts on timing."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,3 +101,31 @@ def test_compare_runs_two_checkouts_in_process_pairs(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "3 pairs of processes x 2 rounds" in printed and "the pair is the unit" in printed
     assert "static/eager" in printed
+
+
+# SIGTERM while a commit is checked out: the command unwinds as for Ctrl-C, so its worktree goes.
+_STOPPED_IN_A_CHECKOUT = """
+import os, signal, sys, time
+from mrcnn.exits import guarded
+from mrcnn_bench.gates import ab
+
+def run():
+    with ab.checkout("HEAD") as tree:
+        print(tree, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+    return 0
+
+sys.exit(guarded("mrcnn-bench", run, lambda: "compare"))
+"""
+
+
+def test_sigterm_during_a_compare_removes_its_worktree():
+    proc = subprocess.run([sys.executable, "-c", _STOPPED_IN_A_CHECKOUT], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "PYTHONPATH": str(REPO / "bench")})
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "mrcnn-bench compare: stopped by SIGTERM" in proc.stderr and "Traceback" not in proc.stderr
+    tree = proc.stdout.strip()
+    assert tree and not Path(tree).exists()
+    listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=REPO, capture_output=True, text=True)
+    assert tree not in listed.stdout
