@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 from torchvision.models import resnet
 from torchvision.models.detection.backbone_utils import BackboneWithFPN
 from torchvision.ops import FrozenBatchNorm2d
@@ -31,11 +32,14 @@ class MaskedBackboneWithFPN(BackboneWithFPN):
     every image batch.
     """
 
+    checkpointing = False  # cfg.activation_checkpointing: recompute activations in training's backward
+
     def forward(self, x: Tensor, extents: Tensor | None = None, fold_norms: bool = False) -> dict[str, Tensor]:
         """images [B, 3, H, W] (extents [B, 2] or None) -> {"0".."3", "pool": [B, C, H_l, W_l]}."""
-        if extents is None and not fold_norms:
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled()
+        if extents is None and not fold_norms and not recompute:
             return super().forward(x)
-        levels = masked_features(self, x, extents, fold_norms)
+        levels = masked_features(self, x, extents, fold_norms, recompute)
         return dict(zip(("0", "1", "2", "3", "pool"), levels, strict=True))
 
 
@@ -48,13 +52,15 @@ def build_backbone(cfg: Config) -> MaskedBackboneWithFPN:
         if not any(name.startswith(layer) for layer in trainable):
             parameter.requires_grad_(False)
     stage2 = body.inplanes // 8  # 256 for Bottleneck ResNets, 64 for BasicBlock ones
-    return MaskedBackboneWithFPN(
+    backbone = MaskedBackboneWithFPN(
         body,
         return_layers={f"layer{k}": str(k - 1) for k in range(1, 5)},
         in_channels_list=[stage2 * 2 ** (k - 1) for k in range(1, 5)],
         out_channels=cfg.fpn_channels,
         extra_blocks=LastLevelMaxPool(),
     )
+    backbone.checkpointing = cfg.activation_checkpointing
+    return backbone
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,13 +184,15 @@ def _block(block: nn.Module, x: Tensor, zero: Callable[[Tensor], Tensor], fold: 
 
 
 def masked_features(
-    backbone: BackboneWithFPN, images: Tensor, extents: Tensor | None, fold: bool = False
+    backbone: BackboneWithFPN, images: Tensor, extents: Tensor | None, fold: bool = False, recompute: bool = False
 ) -> list[Tensor]:
     """images [B, 3, H, W], extents [B, 2] -> P2..P6 [B, C, H_l, W_l], each zero outside the extent.
 
     Same modules and weights as ``backbone(images)``; inside each image's extent every level equals
     torchvision's on that image padded only to its extent. ``extents`` None masks nothing (the
     image is its extent); ``fold`` folds the frozen norms into the convolutions (:func:`conv_norm`).
+    ``recompute`` keeps only the inputs of each trainable block and of the FPN for the backward
+    pass, which runs them again (``torch.utils.checkpoint``): the same values for less memory.
     """
     canvas = (images.shape[-2], images.shape[-1])
     masks: dict[tuple[int, torch.dtype], Tensor] = {}  # one per stride: every 3x3 of a stage shares it
@@ -192,6 +200,8 @@ def masked_features(
     def zero(x: Tensor) -> Tensor:
         if extents is None:
             return x
+        if recompute:  # a recomputed region writes nothing outside itself: torch.compile traces it as pure
+            return x * extent_mask(x, extents, canvas)
         key = (level_stride(canvas[0], x.shape[-2]), x.dtype)
         if key not in masks:
             masks[key] = extent_mask(x, extents, canvas)
@@ -203,10 +213,19 @@ def masked_features(
     stages = []
     for name in ("layer1", "layer2", "layer3", "layer4"):
         for block in getattr(body, name):
-            x = _block(block, x, zero, fold)
+            # A frozen block before the first trainable one keeps nothing for the backward pass anyway.
+            if recompute and (x.requires_grad or any(p.requires_grad for p in block.parameters())):
+                x = checkpoint(_block, block, x, zero, fold, use_reentrant=False)
+            else:
+                x = _block(block, x, zero, fold)
         stages.append(x)
+    if recompute:
+        return checkpoint(_pyramid, backbone.fpn, stages, zero, use_reentrant=False)
+    return _pyramid(backbone.fpn, stages, zero)
 
-    fpn = backbone.fpn
+
+def _pyramid(fpn: nn.Module, stages: list[Tensor], zero: Callable[[Tensor], Tensor]) -> list[Tensor]:
+    """C2..C5 [B, C_k, H_k, W_k] -> P2..P6 [B, C, H_l, W_l]: torchvision's FPN with ``zero`` before each 3x3."""
     last = fpn.get_result_from_inner_blocks(stages[-1], -1)  # 1x1 lateral convs need no mask
     levels = [zero(fpn.get_result_from_layer_blocks(zero(last), -1))]
     for idx in range(len(stages) - 2, -1, -1):

@@ -187,6 +187,12 @@ class Config:
     # on XLA, whose compilers fuse the norm themselves. Same outputs up to float rounding.
     # Measured: docs/model.md.
     fold_batch_norm: bool | str = "auto"
+    # Training memory: the backward pass recomputes the activations of the trainable ResNet blocks
+    # and of the FPN (torch.utils.checkpoint, non-reentrant) instead of keeping them from the
+    # forward, so a step holds one block's at a time: less peak memory for one more forward of
+    # those layers. No effect without gradients (inference). Same losses and gradients.
+    # Measured: docs/training.md.
+    activation_checkpointing: bool = False
 
     @property
     def mask_size(self) -> int:

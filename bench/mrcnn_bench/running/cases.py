@@ -284,7 +284,7 @@ TRAIN_BUCKETS_TENSOR_OPS = (*TRAIN_BUCKETS, ("ops_impl", "tensor"))
 # a canvas's first call), which make bench's synthetic weights (K valid detections) would not speed up.
 # The training ones time the mask-RoI buckets (torchvision's loss on fewer slots), fp32 and under bf16
 # autocast, with torchvision eager under bf16 autocast beside them, and each again with channels_last;
-# static inductor with the pure-tensor ops; both models under inductor with freezing (mrcnn.frozen).
+# static inductor with pure-tensor ops; both under inductor with freezing; eager recomputing the backbone.
 _EXTRA = (
     Case("static", compiler="inductor", tag="buckets", overrides=(("mask_detection_buckets", (16, 50)),)),
     Case("static", phase="training", tag="buckets", overrides=TRAIN_BUCKETS),
@@ -297,7 +297,7 @@ _EXTRA = (
          overrides=TRAIN_BUCKETS_NHWC),
     Case("static", compiler="inductor", phase="training", tag="buckets-tensorops", overrides=TRAIN_BUCKETS_TENSOR_OPS),
     Case("torchvision", compiler="frozen", bounded=True),
-)
+    Case("static", phase="training", tag="ckpt", overrides=(("activation_checkpointing", True),)))
 CASES: dict[str, Case] = {c.name: c for c in (*_ALL, *_EXTRA)}
 EXTRA: tuple[str, ...] = tuple(c.name for c in _EXTRA)  # in CASES and `list`, not in `all`
 REFERENCE = "torchvision/eager"  # the oracle: latency ratios and parity are against it
