@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -338,3 +339,21 @@ def test_check_accuracy_on_a_checkpoint_reports_failures(tmp_path, monkeypatch):
     measured["segm/AP"] = 0.24
     result = check_accuracy(AccuracyOptions(checkpoint=checkpoint, baseline=baseline))
     assert result.passed and result.failures == [] and "PASS" in result.report()
+
+
+def test_the_gate_trains_on_the_baselines_thread_count_and_gives_it_back(tmp_path, monkeypatch):
+    """The seeds were trained on one thread: the gate's training runs on --accuracy-threads (default 1)."""
+    from mrcnn_bench.cli import commands as cli
+
+    seen = []
+
+    def fake_training(recipe, out_dir, **kwargs):
+        seen.append(torch.get_num_threads())
+        return SimpleNamespace(metrics={"bbox/AP": 0.9, "segm/AP": 0.9})
+
+    monkeypatch.setattr(accuracy_gate, "train_recipe", fake_training)
+    monkeypatch.setattr(accuracy_gate, "default_baseline_path", lambda recipe: write_baseline(tmp_path / "b.json"))
+    torch.set_num_threads(2)
+    assert cli.main(["gate", "--skip-compile", "--no-progress"]) == 0
+    assert cli.main(["gate", "--skip-compile", "--no-progress", "--accuracy-threads", "2"]) == 0
+    assert seen == [1, 2] and torch.get_num_threads() == 2

@@ -65,6 +65,9 @@ def add_gate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="evaluate this checkpoint instead of training the recipe")
     p.add_argument("--accuracy-out", default=None, metavar="DIR",
                    help="keep the accuracy run's training output here (metrics.jsonl curve, checkpoints)")
+    p.add_argument("--accuracy-threads", type=bounded(int, 1, THREADS_MAX), default=1, metavar="N",
+                   help="torch threads of the accuracy check's training (default: %(default)s, as the "
+                        "baseline's seeds were trained)")
     p.add_argument("--latency-against", default=None, metavar="REF",
                    help="also gate latency: the working tree against this git ref, in process pairs "
                         f"({defaults.PAIR_TEST}, threshold {defaults.PAIR_THRESHOLD:.0%})".replace("%", "%%"))

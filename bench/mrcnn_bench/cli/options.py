@@ -211,7 +211,8 @@ def gate_options(args: argparse.Namespace) -> GateOptions:
     opts = gate.GateOptions(
         preset=args.preset, baseline=args.baseline, write_baseline=args.write_baseline,
         skip_compile=args.skip_compile, accuracy=args.accuracy, checkpoint=args.checkpoint,
-        accuracy_out=args.accuracy_out, latency_against=args.latency_against, latency_rounds=args.latency_rounds,
+        accuracy_out=args.accuracy_out, accuracy_threads=args.accuracy_threads,
+        latency_against=args.latency_against, latency_rounds=args.latency_rounds,
         latency_pairs=args.latency_pairs,
         inject=args.inject, out=args.out, progress=not args.no_progress)
     if not args.skip_compile and args.cases:  # parsed only when used, as the check itself would

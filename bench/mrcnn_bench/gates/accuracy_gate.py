@@ -67,6 +67,7 @@ class AccuracyOptions:
     out_dir: str | Path | None = None  # training output (default: a temporary folder)
     data_base: str | Path = "data"  # the recipe's data set is generated under this folder
     progress: bool = False
+    threads: int | None = None  # torch threads while training (None: the process's)
 
 
 @dataclasses.dataclass
@@ -149,6 +150,9 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
             out_dir = opts.out_dir
             if out_dir is None:
                 out_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"accuracy-{opts.recipe}-"))
+            if opts.threads:
+                stack.callback(torch.set_num_threads, torch.get_num_threads())
+                torch.set_num_threads(opts.threads)
             with inject_fault(opts.fault):
                 result = train_recipe(
                     opts.recipe, out_dir, seed=opts.seed, data_base=opts.data_base, progress=opts.progress

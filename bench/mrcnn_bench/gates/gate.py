@@ -69,6 +69,9 @@ class GateOptions:
     accuracy: str = "ci"  # accuracy-gate recipe; "none" skips the check
     checkpoint: str | None = None  # evaluate this instead of training the recipe
     accuracy_out: str | None = None  # keep the accuracy run's training output here
+    # The baseline's seeds were trained on one thread each: the gate trains like them (the same
+    # reductions in the same order), and leaves the other cores to what runs beside it (make test).
+    accuracy_threads: int = 1
     latency_against: str | None = None  # git ref: also gate latency, the working tree against it
     latency_cases: list[Case] = field(default_factory=lambda: parse_cases(defaults.COMPARE_CASES))
     latency_rounds: int | None = None  # default: compare's
@@ -377,7 +380,8 @@ def check_accuracy(opts: GateOptions, report: dict[str, Any]) -> list[str]:
     from mrcnn_bench.gates import accuracy_gate
 
     options = accuracy_gate.AccuracyOptions(recipe=opts.accuracy, checkpoint=opts.checkpoint,
-                                            out_dir=opts.accuracy_out, progress=opts.progress)
+                                            out_dir=opts.accuracy_out, progress=opts.progress,
+                                            threads=opts.accuracy_threads)
     result = accuracy_gate.check_accuracy(options)
     report["accuracy"] = {"passed": result.passed, "messages": list(result.messages), "metrics": result.metrics,
                           "wall_time_s": result.wall_time}
