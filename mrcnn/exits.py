@@ -57,18 +57,26 @@ class Stopped(BaseException):
     ``except Exception`` swallows it), so that ``finally`` blocks and context managers run before exit."""
 
 
-def _stop(signum: int, frame: object) -> None:
-    raise Stopped(signum)
-
-
 @contextlib.contextmanager
 def sigterm_unwinds() -> Iterator[None]:
     """While the block runs, SIGTERM raises :class:`Stopped`: where nothing else handles it (the default
-    action would end the process without any cleanup) and only in the main thread (the one signals reach)."""
+    action would end the process without any cleanup) and only in the main thread (the one signals reach).
+
+    A process forked inside the block (a DataLoader worker) inherits the handler but not the block:
+    there SIGTERM keeps its default action, so its parent's shutdown ends it quietly, as before.
+    """
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         yield
         return
-    signal.signal(signal.SIGTERM, _stop)
+    owner = os.getpid()
+
+    def stop(signum: int, frame: object) -> None:
+        if os.getpid() == owner:
+            raise Stopped(signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:

@@ -110,6 +110,13 @@ from mrcnn.exits import guarded
 from mrcnn_bench.gates import ab
 
 def run():
+    # A child forked in the block (a DataLoader worker) keeps SIGTERM's default action: killed quietly.
+    child = os.fork()
+    if child == 0:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(60)
+        os._exit(0)
+    print(os.waitpid(child, 0)[1], flush=True)
     with ab.checkout("HEAD") as tree:
         print(tree, flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -125,7 +132,8 @@ def test_sigterm_during_a_compare_removes_its_worktree():
                           timeout=300, env={**os.environ, "PYTHONPATH": str(REPO / "bench")})
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert "mrcnn-bench compare: stopped by SIGTERM" in proc.stderr and "Traceback" not in proc.stderr
-    tree = proc.stdout.strip()
+    status, tree = proc.stdout.split()
+    assert os.WIFSIGNALED(int(status)) and os.WTERMSIG(int(status)) == signal.SIGTERM
     assert tree and not Path(tree).exists()
     listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=REPO, capture_output=True, text=True)
     assert tree not in listed.stdout
