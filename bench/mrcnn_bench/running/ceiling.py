@@ -240,8 +240,8 @@ def _failed_assumption(c: Ceiling, rate: float, factor: float, tag: str, flags: 
         return (f"shared vCPUs: one core alone ran the FMA chain at {c.clock_one_core_ghz:.2f} GHz, all "
                 f"{c.cores} at once at {c.clock_ghz:.2f} GHz each, so the cores contended (SMT siblings, or "
                 "other work on the host) while the loops ran")
-    loops = c.cores * c.units_measured * c.lanes * 2 * c.clock_ghz * (2 if tag == "bf16" and "avx512_bf16" in flags
-                                                                       else 1)
+    # The loops' own rate at the ceiling's precision (bf16's is fp32's times the ratio measure set).
+    loops = c.cores * c.units_measured * c.lanes * 2 * c.clock_ghz * c.for_precision(tag) / c.fp32_gflops
     if loops >= rate:
         return (f"latency or units: the independent chains did {c.units_measured:.2f} FMAs per cycle per core "
                 f"at the clock a {c.latency_cycles}-cycle FMA latency gives, which the ceiling rounds to "
