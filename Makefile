@@ -1,7 +1,8 @@
 # Two entry points, each doing its own set-up on a fresh Linux machine with Python 3.11:
 #   make bench   the main job on the embedded default (generated images, tiny preset, CPU and XLA:CPU):
 #                a stream of varied sizes and a fixed size, in one report (out/bench/index.html)
-#   make test    what CI runs: the unit tests, the quick benchmarks (checked to have run), the gate
+#   make test    what CI runs: the unit tests, the quick benchmarks (checked to have run), the gate,
+#                and the latency check of the last change
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ OTAVA_STAMP := $(OTAVA_VENV)/.installed
 CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv otava-env bench test unit bench-quick gate lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
+.PHONY: venv otava-env bench test unit bench-quick gate latency-check lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
 	asv-spread asv-publish asv-serve gpu-check clean
 
 $(STAMP): pyproject.toml
@@ -46,8 +47,8 @@ bench: $(STAMP)
 
 # The gate's training runs on one thread for most of its time (--accuracy-threads), so it runs
 # beside the unit tests, which take the rest of the machine; its output goes to $(CI_OUT)/gate.log,
-# printed when both are done. Then the quick benchmarks, alone, since they time. The timings of
-# this arrangement against one after the other: results/ci_time/.
+# printed when both are done. Then the quick benchmarks and the latency check, alone, since they
+# time. The timings of this arrangement against one after the other: results/ci_time/.
 test: $(STAMP) $(OTAVA_STAMP)
 	mkdir -p $(CI_OUT)
 	@$(MAKE) --no-print-directory gate > $(CI_OUT)/gate.log 2>&1 & gate=$$!; \
@@ -56,6 +57,7 @@ test: $(STAMP) $(OTAVA_STAMP)
 	wait $$gate; gated=$$?; cat $(CI_OUT)/gate.log; \
 	echo "make test: unit tests exit $$unit, gate exit $$gated"; test $$unit -eq 0 && test $$gated -eq 0
 	$(MAKE) --no-print-directory bench-quick
+	$(MAKE) --no-print-directory latency-check
 
 unit: $(STAMP) $(OTAVA_STAMP)
 	$(PY) -m pytest
@@ -70,6 +72,13 @@ bench-quick: $(STAMP)
 # The one merge gate: compile counts exactly, and the CI-sized accuracy gate.
 gate: $(STAMP)
 	$(BENCH) gate --out $(CI_OUT)/gate.json --accuracy-out $(CI_OUT)/accuracy-ci
+
+# Is the last change slower? The working tree against the commit it starts from (HEAD's parent on
+# main, else where the branch leaves main), on the cases its diff can affect, sized for five minutes;
+# nothing is measured when the diff changes nothing under mrcnn/. The summary a reviewer pastes:
+# $(CI_OUT)/latency-check/summary.md.
+latency-check: $(STAMP)
+	$(BENCH) latency-check --out $(CI_OUT)/latency-check
 
 # Everything that needs a CUDA GPU, in one go (docs/gpu_tpu.md); exit 2 where there is none. GPU
 # machines bring their own torch build, so the source tree runs with the python that has torch:

@@ -203,6 +203,8 @@ def bad_invocations(tmp_path: Path) -> dict[str, list[list[str]]]:
                  ["--skip-compile", "--accuracy", "none", "--latency-against", "HEAD", "--latency-pairs", "2"],
                  ["--skip-compile", "--accuracy", "none", "--latency-against", "HEAD", "--latency-rounds", "7"],
                  ["--skip-compile", "--accuracy-threads", "0"]],
+        "latency-check": [["--pairs", "3"], ["--rounds", "7"], ["--against=nope"], [f"--against=--output={absent}"],
+                          ["--inject-slowdown", "0.1"], ["--cases", "static/nope"], ["--out", str(REPO / "Makefile")]],
         "accuracy-gate": [["--bogus"], ["--checkpoint", absent + ".pt"]],
         "export-time": [[absent + ".pt2", "--rounds", "0"], [absent + ".pt2"]],
         "check-benchmarks": [["--expect", "static/nope", absent + ".json"], [absent + ".json"]],

@@ -27,6 +27,12 @@ MIN_PAIRS = 3  # fewer process pairs than this leave no spread across pairs to t
 # A/A compares), and of one round's log(B/A) within a process (48 pairs on AMD EPYC f25m17).
 PROCESS_SD = 0.0139
 ROUND_SD = 0.1179
+# mrcnn-bench latency-check, sized to fit CI's five minutes: fewer pairs and rounds than compare's,
+# with a power of 1.00 for a 10% slowdown and 0.90 for 5% under the noise model above
+# (gates.stats.pair_power); the check prints its power, and results/latency_check/ its trials.
+CHECK_PAIRS = 10
+CHECK_ROUNDS = 24
+CHECK_OUT = "out/latency-check"
 THRESHOLD = 0.05  # relative slowdown that counts for one process per side (--pairs 1) and stored runs
 ALPHA = 0.01  # family-wise error rate over the cases of one comparison (Holm)
 PAIR_TEST = "one-sided t-test across process pairs of each pair's mean log ratio B/A against 1 + threshold"

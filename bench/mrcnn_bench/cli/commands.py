@@ -4,6 +4,7 @@
     mrcnn-bench compare A B [--cases static/eager] [--pairs K]           A, B: run files, or git refs / checkouts
     mrcnn-bench bisect GOOD BAD [--cases static/eager]                   the first commit confirmed slower
     mrcnn-bench gate [--baseline baselines/gate_tiny.json]               exit 1 on a regression
+    mrcnn-bench latency-check [--against REF]                            CI: is this change slower?
     mrcnn-bench accuracy-gate [--recipe ci] ...                          the accuracy gate alone
     mrcnn-bench export-time ...                                          export and AOTInductor build times
     mrcnn-bench steps [--machine NAME | --series FILE.csv] [--json]      change points of the history
@@ -50,10 +51,12 @@ try:  # the first import of mrcnn_bench.running.cases loads the user's case modu
     from mrcnn_bench.cli.options import (
         add_bisect_arguments,
         add_compare_arguments,
+        add_latency_check_arguments,
         add_run_arguments,
         bisect_options,
         compare_options,
         gate_options,
+        latency_check_options,
         run_options,
     )
     from mrcnn_bench.running.cases import parse_cases
@@ -133,6 +136,12 @@ def cmd_gate(args: argparse.Namespace) -> int:
     from mrcnn_bench.gates import gate  # lazy: loads torch
 
     return gate.run_gate(gate_options(args))
+
+
+def cmd_latency_check(args: argparse.Namespace) -> int:
+    from mrcnn_bench.gates import latency_check  # lazy: loads torch
+
+    return latency_check.check(latency_check_options(args))
 
 
 def cmd_check_benchmarks(args: argparse.Namespace) -> int:
@@ -220,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gate", help="compile counts exact, accuracy gate, optional latency gate in process pairs")
     add_gate_arguments(p)
     p.set_defaults(func=cmd_gate)
+
+    p = sub.add_parser("latency-check", help="CI: the working tree against the commit it starts from, on the cases "
+                       "its diff can affect, live in process pairs sized for five minutes; a markdown summary",
+                       description="Exit 1: a case confirmed slower than the threshold; 2: could not measure; "
+                       "0: not slower, or the diff changes nothing under mrcnn/ (the only code that differs "
+                       "between the sides)")
+    add_latency_check_arguments(p)
+    p.set_defaults(func=cmd_latency_check)
 
     for command, (_, help_text) in LAZY_COMMANDS.items():
         # Their arguments are the module's own, parsed by run_lazy once it is imported.

@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # the commands' modules load torch: imported by each command 
     from mrcnn_bench.changes.bisection import BisectOptions
     from mrcnn_bench.gates.ab import CompareOptions
     from mrcnn_bench.gates.gate import GateOptions
+    from mrcnn_bench.gates.latency_check import CheckOptions
     from mrcnn_bench.running.runner import RunOptions
 
 
@@ -278,3 +279,37 @@ def bisect_options(args: argparse.Namespace) -> BisectOptions:
     return bisection.BisectOptions(args.good, args.bad, cases=parse_cases(args.cases or defaults.COMPARE_CASES),
                                 run=run_options(args, rows=[]), pairs=args.pairs, threshold=args.threshold,
                                 alpha=args.alpha, out=args.out)
+
+
+def add_latency_check_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--against", default=None, metavar="REF",
+                   help="the base commit (default: where HEAD's branch leaves origin/main or main, else HEAD's "
+                        "parent)")
+    p.add_argument("--cases", default=None,
+                   help="comma list of cases (default: the ones the diff from the base can affect: static/eager "
+                        "for any file under mrcnn/; static/train, named for its losses and matching, is measured "
+                        "only when named here)")
+    p.add_argument("--pairs", type=bounded(int, defaults.MIN_PAIRS + 1, 1000), default=defaults.CHECK_PAIRS,
+                   metavar="K", help="pairs of fresh processes, the unit of the test (default: %(default)s)")
+    p.add_argument("--rounds", type=bounded(int, 2, 10_000), default=defaults.CHECK_ROUNDS,
+                   help="interleaved rounds each pair times, even (default: %(default)s)")
+    p.add_argument("--threshold", type=bounded(float, 0), default=defaults.PAIR_THRESHOLD,
+                   help="relative slowdown that counts (default: %(default)s)")
+    p.add_argument("--alpha", type=bounded(float, 0, 1, low_open=True, high_open=True), default=defaults.ALPHA,
+                   help="family-wise error rate over the cases (Holm; default: %(default)s)")
+    p.add_argument("--inject-slowdown", type=bounded(float, 0, 1, high_open=True), default=0.0, metavar="FRACTION",
+                   help="the working tree's side only: about this fraction of extra inference work, to show "
+                        "that the check catches it; needs --cases (default: %(default)s)")
+    p.add_argument("--out", default=defaults.CHECK_OUT, metavar="DIR",
+                   help="write DIR/summary.md and DIR/check.json (default: %(default)s)")
+    add_progress_flag(p)
+
+
+def latency_check_options(args: argparse.Namespace) -> CheckOptions:
+    """:class:`~mrcnn_bench.gates.latency_check.CheckOptions`; UsageError before anything is measured."""
+    from mrcnn_bench.gates import latency_check  # lazy: loads torch
+
+    return latency_check.CheckOptions(
+        against=args.against, cases=parse_cases(args.cases) if args.cases else None, pairs=args.pairs,
+        rounds=args.rounds, threshold=args.threshold, alpha=args.alpha, slowdown=args.inject_slowdown,
+        out=args.out, progress=not args.no_progress)

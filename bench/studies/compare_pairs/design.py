@@ -15,7 +15,8 @@ plus ``round_sd / sqrt(R)`` (its R rounds). It is read from two sources, each na
 For each noise model, the (K pairs, R rounds) that meet the goals at the least cost: a 3% slowdown
 found with power 0.8 and 5% with 0.95, by the one-sided t-test across pairs (K - 2 degrees of freedom,
 as :func:`mrcnn_bench.gates.stats.compare_pairs` has with both start orders) against the default
-threshold at the default alpha; power from the noncentral t distribution. The A/A false-alarm rate
+threshold at the default alpha; power from the noncentral t distribution
+(:func:`mrcnn_bench.gates.stats.pair_power`). The A/A false-alarm rate
 of that test is at most alpha by construction, below it for a threshold above 0.
 """
 
@@ -30,12 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.stats import pair_power
 
 REPO = Path(__file__).resolve().parents[3]
 TRIALS = REPO / "results/latency_gate_live/trials.jsonl"
@@ -99,10 +100,7 @@ def noise_and_cost_from_compares(paths: list[Path]) -> tuple[Noise, Cost]:
 
 
 def power(noise: Noise, pairs: int, rounds: int, slowdown: float, threshold: float, alpha: float) -> float:
-    se = math.sqrt((noise.process_sd**2 + noise.round_sd**2 / rounds) / pairs)
-    df = pairs - 2
-    ncp = (math.log1p(slowdown) - math.log1p(threshold)) / se
-    return float(stats.nct.sf(stats.t.ppf(1 - alpha, df), df, ncp))
+    return pair_power(noise.process_sd, noise.round_sd, pairs, rounds, slowdown, threshold, alpha)
 
 
 def cheapest(noises: list[Noise], cost: Cost, threshold: float, alpha: float) -> tuple[int, int] | None:
