@@ -348,6 +348,12 @@ def design_line(opts: CompareOptions, pairs: int, seconds: float) -> str:
             "this comparison's own are in its table.")
 
 
+def pair_timings(pairs: list[process_pairs.Pair]) -> list[dict[str, Any]]:
+    """Every pair's start order, seconds and per-row timings: what the verdict can be recomputed from."""
+    return [{"a_first": p.a_first, "seconds": p.seconds,
+             "rows": {r.row: {"status": r.status, "times_s": r.times_s} for r in p.doc.records}} for p in pairs]
+
+
 def compare(opts: CompareOptions) -> int:
     """Print the comparison; -> 1 when a regression is flagged, else 2 when a case could not be
     tested (an error, too few samples), else 0 (ValueError: cannot be compared)."""
@@ -386,8 +392,6 @@ def compare(opts: CompareOptions) -> int:
         out = {"a": opts.a, "b": opts.b, "comparison": json.loads(table.to_json(orient="records")),
                "run": doc.to_dict() if doc is not None else None,
                # Every pair's timings, to recompute the verdict; "run" is the first pair's whole run.
-               "pairs": [{"a_first": p.a_first, "seconds": p.seconds,
-                          "rows": {r.row: {"status": r.status, "times_s": r.times_s} for r in p.doc.records}}
-                         for p in pairs]}
+               "pairs": pair_timings(pairs)}
         atomic_write(opts.out, json.dumps(finite_or_none(out), indent=1, default=str) + "\n")
     return 1 if len(flagged) else 2 if len(untested) else 0

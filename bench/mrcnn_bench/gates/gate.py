@@ -44,15 +44,13 @@ from mrcnn.recipes import get_recipe
 from mrcnn_bench.base import defaults, vcs
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write
-from mrcnn_bench.gates import ab
+from mrcnn_bench.gates import ab, latency_check
 from mrcnn_bench.gates.accuracy_baseline import default_baseline_path, load_baseline
 from mrcnn_bench.gates.compile_probe import GATE_SIZES, GATE_TRAIN_COUNTS, MEASURE_THREADS, jsonable, xla_compile_causes
-from mrcnn_bench.running.cases import Case, default_time_limit, default_workload, parse_cases
-from mrcnn_bench.running.runner import RunOptions
+from mrcnn_bench.running.cases import Case, parse_cases
 from mrcnn_bench.running.store import REPO, environment
 
 GATED = ("unique_graphs", "graph_breaks", "recompiles", "uncached_compile", "fallback_ops", "flops")
-LATENCY_PRESET = "tiny"  # the latency check runs compare's defaults (the gate's --preset is the compile check's)
 REBASELINE = "mrcnn-bench gate --write-baseline --accuracy none"
 
 
@@ -394,9 +392,7 @@ def check_latency(opts: GateOptions, report: dict[str, Any]) -> Verdict:
     """The working tree against ``latency_against``, in process pairs as ``compare`` runs them: a
     failure per flagged regression."""
     assert opts.latency_against is not None
-    run = RunOptions(workload=default_workload(LATENCY_PRESET), rows=[],
-                     rounds=opts.latency_rounds or defaults.COMPARE_ROUNDS,
-                     time_limit=default_time_limit(LATENCY_PRESET), peak_reps=0, flops=False)
+    run = latency_check.run_options(opts.latency_rounds or defaults.COMPARE_ROUNDS)
     compare = ab.CompareOptions(opts.latency_against, ".", cases=opts.latency_cases, run=run,
                                 pairs=opts.latency_pairs)
     table = ab.live_table(ab.run_live(compare), None, compare.alpha)

@@ -145,10 +145,11 @@ def cases_for(files: list[str]) -> Selection:
     return selection
 
 
-def run_options(opts: CheckOptions) -> RunOptions:
-    """compare's run on the tiny preset's fixed size; no kernel-rate probe or FLOP count (not verdicts)."""
-    return RunOptions(workload=default_workload(PRESET), rows=[], rounds=opts.rounds,
-                      time_limit=default_time_limit(PRESET), peak_reps=0, flops=False, progress=opts.progress)
+def run_options(rounds: int, progress: bool = True) -> RunOptions:
+    """A latency check's run (this one's, and the gate's ``--latency-against``): the tiny preset's
+    fixed size; no kernel-rate probe or FLOP count (they decide nothing)."""
+    return RunOptions(workload=default_workload(PRESET), rows=[], rounds=rounds,
+                      time_limit=default_time_limit(PRESET), peak_reps=0, flops=False, progress=progress)
 
 
 def subject(commit: str) -> str:
@@ -234,7 +235,7 @@ def check(opts: CheckOptions) -> int:
     pairs: list[Any] = []
     code = PASSED
     if cases:
-        compare = ab.CompareOptions(base.commit, str(REPO), cases=cases, run=run_options(opts),
+        compare = ab.CompareOptions(base.commit, str(REPO), cases=cases, run=run_options(opts.rounds, opts.progress),
                                     slowdown_b=opts.slowdown, pairs=opts.pairs, threshold=opts.threshold,
                                     alpha=opts.alpha)
         pairs = ab.run_live(compare)
@@ -250,9 +251,7 @@ def check(opts: CheckOptions) -> int:
            "rounds": opts.rounds, "threshold": opts.threshold, "alpha": opts.alpha, "slowdown": opts.slowdown,
            "seconds": clock.elapsed(), "exit": code, "cpu": (cpu_model() or 'this CPU'),
            "comparison": [] if table is None else json.loads(table.to_json(orient="records")),
-           "timings": [{"a_first": p.a_first, "seconds": p.seconds,
-                        "rows": {r.row: {"status": r.status, "times_s": r.times_s} for r in p.doc.records}}
-                       for p in pairs]}
+           "timings": ab.pair_timings(pairs)}
     atomic_write(out / "check.json", json.dumps(finite_or_none(doc), indent=1, default=str) + "\n")
     return code
 
