@@ -174,3 +174,16 @@ def test_the_power_the_summary_states_is_alpha_at_the_threshold_and_grows_with_t
     assert at[0] == pytest.approx(0.01, abs=1e-9)
     assert at == sorted(at) and at[-1] > 0.99
     assert pair_power(0.0139, 0.1179, 18, 32, 0.05) > pair_power(0.0139, 0.1179, 10, 24, 0.05)
+
+
+def test_trials_size_the_injection_from_the_excess_the_check_measured():
+    """The study injects what makes the check see 10%: nominal 10% read as 15% gives 0.067; a
+    calibration that measured no slowdown is refused rather than dividing by it."""
+    from studies.latency_check import trials
+
+    assert trials.calibrated_fraction([1.15, 1.15, 1.15]) == pytest.approx(0.1 * 0.1 / 0.15, abs=5e-4)
+    assert trials.calibrated_fraction([1.05, 1.05]) == pytest.approx(0.2)
+    excess = np.exp(np.mean(np.log([1.12, 1.18]))) - 1
+    assert trials.calibrated_fraction([1.12, 1.18]) == pytest.approx(0.01 / excess, abs=5e-4)
+    with pytest.raises(ValueError, match="measured no slowdown"):
+        trials.calibrated_fraction([0.99, 1.0])

@@ -1,16 +1,22 @@
 """How often does CI's latency check cry wolf, and how often does it catch a 10% slowdown? And what does it cost?
 
+    PYTHONPATH=bench python bench/studies/latency_check/trials.py calibrate --runs 3   (the injection's size)
     PYTHONPATH=bench python bench/studies/latency_check/trials.py run --trials 20     (each kind, alternating)
     PYTHONPATH=bench python bench/studies/latency_check/trials.py summary
 
 Each trial is one ``mrcnn-bench latency-check --against HEAD --cases static/eager`` with the check's
-defaults: ``aa`` on the unchanged commit, ``slow10`` with ``--inject-slowdown 0.1`` on the working
-tree's side. Run it from a checkout nobody edits (a ``git worktree`` of the commit under study): the
-check compares that checkout with its own HEAD. The kinds alternate, so that a stop leaves them
-balanced; trials append to ``OUT/<host>/trials.jsonl`` (resumable: ``run`` adds trials until each
-kind has ``--trials``); ``summary`` writes ``OUT/<host>/summary.md``: per kind, the goal, flagged /
-trials with its two-sided 95% Clopper-Pearson interval, the exit codes, the mean measured ratio
-with its t-interval across trials, and the check's minutes (median and largest).
+defaults: ``aa`` on the unchanged commit, ``slow10`` with ``--inject-slowdown F`` on the working
+tree's side. ``--inject-slowdown`` sizes its extra work from an assumed share of the call
+(:data:`mrcnn_bench.running.slowdown.BODY_SHARE`), so its nominal fraction is not the slowdown the
+check sees: ``calibrate`` runs checks at the nominal 10% (``OUT/<host>/calibration.jsonl``,
+resumable) and fixes F = 0.1 x 0.1 / (their mean measured excess) in ``calibration.json``, before
+any slow10 trial; ``run`` refuses to start without it. Run it from a checkout nobody edits (a ``git
+worktree`` of the commit under study): the check compares that checkout with its own HEAD. The kinds
+alternate, so that a stop leaves them balanced; trials append to ``OUT/<host>/trials.jsonl``
+(resumable: ``run`` adds trials until each kind has ``--trials``); ``summary`` writes
+``OUT/<host>/summary.md``: the calibration, and per kind the goal, flagged / trials with its
+two-sided 95% Clopper-Pearson interval, the exit codes, the mean measured ratio with its t-interval
+across trials, and the check's minutes (median and largest).
 """
 
 from __future__ import annotations
@@ -36,18 +42,20 @@ from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.gates.stats import mean_ratio_ci
 
 REPO = Path(__file__).resolve().parents[3]
-KINDS = {"aa": 0.0, "slow10": 0.10}
+TARGET = 0.10  # the slowdown slow10 trials inject, as the check measures it
+KINDS = ("aa", "slow10")
 GOALS = {"aa": "at most 1 of 20 flagged", "slow10": "at least 18 of 20 flagged"}
 CASE = "static/eager"
 
 
-def one_trial(kind: str) -> dict:
-    """One latency check of this checkout against its HEAD; what it decided and what it cost."""
+def one_trial(kind: str, fraction: float) -> dict:
+    """One latency check of this checkout against its HEAD, B slowed by ``--inject-slowdown fraction``
+    (none at 0); what it decided and what it cost."""
     with tempfile.TemporaryDirectory(prefix="mrcnn-check-trial-") as tmp:
         args = [sys.executable, "-m", "mrcnn_bench", "latency-check", "--against", "HEAD", "--cases", CASE,
                 "--no-progress", "--out", tmp]
-        if KINDS[kind]:
-            args += ["--inject-slowdown", str(KINDS[kind])]
+        if fraction:
+            args += ["--inject-slowdown", str(fraction)]
         start = time.monotonic()
         proc = subprocess.run(args, cwd=REPO, capture_output=True, text=True, check=False)
         seconds = time.monotonic() - start
@@ -56,21 +64,61 @@ def one_trial(kind: str) -> dict:
             raise RuntimeError(f"latency-check exited {proc.returncode}:\n{proc.stderr[-3000:]}")
         doc = json.loads(check.read_text())
     (line,) = doc["comparison"]
-    return {"kind": kind, "case": CASE, "exit": proc.returncode, "flagged": bool(line["regression"]),
-            "ratio": line["ratio_b_over_a"], "ci95": line["ci95"], "p_value": line["p_value"],
-            "process_sd": line["process_sd"], "round_sd": line["round_sd"], "pairs": doc["pairs"],
-            "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
+    return {"kind": kind, "case": CASE, "injected": fraction, "exit": proc.returncode,
+            "flagged": bool(line["regression"]), "ratio": line["ratio_b_over_a"], "ci95": line["ci95"],
+            "p_value": line["p_value"], "process_sd": line["process_sd"], "round_sd": line["round_sd"],
+            "pairs": doc["pairs"], "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
+
+
+def calibrated_fraction(ratios: list[float], nominal: float = TARGET, target: float = TARGET) -> float:
+    """The ``--inject-slowdown`` fraction whose measured slowdown is ``target``, from checks at ``nominal``.
+
+    The extra work is proportional to the fraction asked for, so the measured excess scales with it:
+    ``target x nominal / (mean excess at nominal)``, the mean taken over the checks' log ratios.
+    """
+    excess = float(np.exp(np.mean(np.log(ratios)))) - 1.0
+    if excess <= 0:
+        raise ValueError(f"the checks at --inject-slowdown {nominal} measured no slowdown "
+                         f"(mean ratio {1 + excess:.4f})")
+    return round(target * nominal / excess, 3)
+
+
+def _calibration(out: Path) -> dict | None:
+    path = trials_file(out).with_name("calibration.json")
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def calibrate(out: Path, runs: int) -> None:
+    """Checks at the nominal 10% until there are ``runs``; then fixes F in ``calibration.json``."""
+    path = trials_file(out).with_name("calibration.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if any(t["kind"] == "slow10" for t in read_trials(trials_file(out))):
+        raise SystemExit("slow10 trials exist: the calibration they were run with stays as it is")
+    while len(read_trials(path)) < runs:
+        check = one_trial("calibration", TARGET)
+        with path.open("a") as f:
+            f.write(json.dumps(check) + "\n")
+        print(f"calibration {len(read_trials(path))}/{runs}: ratio {check['ratio']:.4f} [{check['ci95']}] "
+              f"({check['seconds']:.0f} s)", flush=True)
+    ratios = [c["ratio"] for c in read_trials(path)][:runs]
+    doc = {"nominal": TARGET, "target": TARGET, "runs": len(ratios), "ratios": ratios,
+           "fraction": calibrated_fraction(ratios)}
+    atomic_write(path.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
+    print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(ratios)} checks)")
 
 
 def run(out: Path, trials: int) -> None:
+    calibration = _calibration(out)
+    if calibration is None:
+        raise SystemExit(f"no {trials_file(out).with_name('calibration.json')}: run `calibrate` first")
     path = trials_file(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
         done = Counter(t["kind"] for t in read_trials(path))
-        kind = min(KINDS, key=lambda k: (done[k], list(KINDS).index(k)))
+        kind = min(KINDS, key=lambda k: (done[k], KINDS.index(k)))
         if done[kind] >= trials:
             return
-        trial = one_trial(kind)
+        trial = one_trial(kind, calibration["fraction"] if kind == "slow10" else 0.0)
         with path.open("a") as f:
             f.write(json.dumps(trial) + "\n")
         print(f"{kind} {done[kind] + 1}/{trials}: exit {trial['exit']}, ratio {trial['ratio']:.4f} "
@@ -83,13 +131,21 @@ def summary(out: Path) -> int:
     if not trials:
         print(f"no trials in {path}", file=sys.stderr)
         return 2
+    calibration = _calibration(out) or {}
     lines = [f"# CI's latency check: false alarms, a 10% slowdown caught, and its cost ({path.parent.name})", "",
-             "`PYTHONPATH=bench python bench/studies/latency_check/trials.py run --trials N`, then `summary`. "
-             f"Each trial: `mrcnn-bench latency-check --against HEAD --cases {CASE}` with the defaults "
+             "`PYTHONPATH=bench python bench/studies/latency_check/trials.py calibrate`, `run --trials N`, then "
+             f"`summary`. Each trial: `mrcnn-bench latency-check --against HEAD --cases {CASE}` with the defaults "
              f"({defaults.CHECK_PAIRS} pairs x {defaults.CHECK_ROUNDS} rounds, threshold "
-             f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}); slow10 with `--inject-slowdown 0.1`.", "",
-             "| kind | goal | flagged | 95% CI | exit codes | measured ratio B/A (95% CI) | minutes: median, largest |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+             f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}); slow10 with "
+             f"`--inject-slowdown {calibration.get('fraction')}`.", ""]
+    if calibration:
+        ratios = ", ".join(f"{r:.4f}" for r in calibration["ratios"])
+        lines += [f"Calibration: {calibration['runs']} checks at the nominal `--inject-slowdown "
+                  f"{calibration['nominal']}` measured B/A {ratios}; so slow10 injects "
+                  f"{calibration['fraction']} for a measured {calibration['target']:.0%} "
+                  "(its trials' own mean ratio is in the table).", ""]
+    lines += ["| kind | goal | flagged | 95% CI | exit codes | measured ratio B/A (95% CI) "
+              "| minutes: median, largest |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for kind in KINDS:
         rows = [t for t in trials if t["kind"] == kind]
         if not rows:
@@ -113,10 +169,13 @@ def summary(out: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("run", "summary"))
+    parser.add_argument("what", choices=("calibrate", "run", "summary"))
+    parser.add_argument("--runs", type=int, default=3, help="calibration checks (default: %(default)s)")
     parser.add_argument("--trials", type=int, default=20, help="for each kind (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "results/latency_check")
     args = parser.parse_args()
+    if args.what == "calibrate":
+        calibrate(args.out, args.runs)
     if args.what == "run":
         run(args.out, args.trials)
     return summary(args.out)
