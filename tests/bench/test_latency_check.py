@@ -177,13 +177,17 @@ def test_the_power_the_summary_states_is_alpha_at_the_threshold_and_grows_with_t
 
 
 def test_trials_size_the_injection_from_the_excess_the_check_measured():
-    """The study injects what makes the check see 10%: nominal 10% read as 15% gives 0.067; a
-    calibration that measured no slowdown is refused rather than dividing by it."""
+    """The study injects what the check sees as 10%: from checks at one fraction, in proportion
+    (0.1 read as 15% gives 0.067); from checks at several, on the line through them (an intercept:
+    small strips cost more than their share); a calibration that saw no slowdown is refused."""
     from studies.latency_check import trials
 
-    assert trials.calibrated_fraction([1.15, 1.15, 1.15]) == pytest.approx(0.1 * 0.1 / 0.15, abs=5e-4)
-    assert trials.calibrated_fraction([1.05, 1.05]) == pytest.approx(0.2)
+    assert trials.calibrated_fraction([(0.1, 1.15)] * 3) == pytest.approx(0.1 * 0.1 / 0.15, abs=5e-4)
     excess = np.exp(np.mean(np.log([1.12, 1.18]))) - 1
-    assert trials.calibrated_fraction([1.12, 1.18]) == pytest.approx(0.01 / excess, abs=5e-4)
-    with pytest.raises(ValueError, match="measured no slowdown"):
-        trials.calibrated_fraction([0.99, 1.0])
+    assert trials.calibrated_fraction([(0.1, 1.12), (0.1, 1.18)]) == pytest.approx(0.01 / excess, abs=5e-4)
+    line = [(0.05, 1.08), (0.05, 1.08), (0.1, 1.13)]  # excess = 0.03 + 1.0 x fraction
+    assert trials.calibrated_fraction(line) == pytest.approx(0.07)
+    with pytest.raises(ValueError, match="no slowdown"):
+        trials.calibrated_fraction([(0.1, 0.99), (0.1, 1.0)])
+    with pytest.raises(ValueError, match="no fraction"):
+        trials.calibrated_fraction([(0.05, 1.12), (0.1, 1.13)])  # 10% lies below the line's intercept

@@ -1,6 +1,6 @@
 """How often does CI's latency check cry wolf, and how often does it catch a 10% slowdown? And what does it cost?
 
-    PYTHONPATH=bench python bench/studies/latency_check/trials.py calibrate --runs 3   (the injection's size)
+    PYTHONPATH=bench python bench/studies/latency_check/trials.py calibrate --fraction 0.1 --runs 3   (and at 0.05)
     PYTHONPATH=bench python bench/studies/latency_check/trials.py run --trials 20     (each kind, alternating)
     PYTHONPATH=bench python bench/studies/latency_check/trials.py summary
 
@@ -8,9 +8,10 @@ Each trial is one ``mrcnn-bench latency-check --against HEAD --cases static/eage
 defaults: ``aa`` on the unchanged commit, ``slow10`` with ``--inject-slowdown F`` on the working
 tree's side. ``--inject-slowdown`` sizes its extra work from an assumed share of the call
 (:data:`mrcnn_bench.running.slowdown.BODY_SHARE`), so its nominal fraction is not the slowdown the
-check sees: ``calibrate`` runs checks at the nominal 10% (``OUT/<host>/calibration.jsonl``,
-resumable) and fixes F = 0.1 x 0.1 / (their mean measured excess) in ``calibration.json``, before
-any slow10 trial; ``run`` refuses to start without it. Run it from a checkout nobody edits (a ``git
+check sees: ``calibrate`` runs checks at a fraction (``OUT/<host>/calibration.jsonl``, resumable) and
+fixes F, the fraction the check measures as 10% on the line through every check so far
+(:func:`calibrated_fraction`), in ``calibration.json`` before any slow10 trial; ``run`` refuses to
+start without it. Run it from a checkout nobody edits (a ``git
 worktree`` of the commit under study): the check compares that checkout with its own HEAD. The kinds
 alternate, so that a stop leaves them balanced; trials append to ``OUT/<host>/trials.jsonl``
 (resumable: ``run`` adds trials until each kind has ``--trials``); ``summary`` writes
@@ -70,17 +71,27 @@ def one_trial(kind: str, fraction: float) -> dict:
             "pairs": doc["pairs"], "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
 
 
-def calibrated_fraction(ratios: list[float], nominal: float = TARGET, target: float = TARGET) -> float:
-    """The ``--inject-slowdown`` fraction whose measured slowdown is ``target``, from checks at ``nominal``.
+def calibrated_fraction(checks: list[tuple[float, float]], target: float = TARGET) -> float:
+    """The ``--inject-slowdown`` fraction the check measures as ``target``, from (fraction, ratio) checks.
 
-    The extra work is proportional to the fraction asked for, so the measured excess scales with it:
-    ``target x nominal / (mean excess at nominal)``, the mean taken over the checks' log ratios.
+    The measured excess (ratio - 1) is fitted as a line in the fraction asked for, by least squares
+    over the checks' log ratios: through the origin when every check used one fraction, else with an
+    intercept, since the extra work over a few rows of the canvas costs more than its share of rows
+    (padding and per-operator costs). The fraction is the line's solution for ``target``.
     """
-    excess = float(np.exp(np.mean(np.log(ratios)))) - 1.0
-    if excess <= 0:
-        raise ValueError(f"the checks at --inject-slowdown {nominal} measured no slowdown "
-                         f"(mean ratio {1 + excess:.4f})")
-    return round(target * nominal / excess, 3)
+    f = np.array([c[0] for c in checks], dtype=float)
+    excess = np.expm1(np.log([c[1] for c in checks]).astype(float))
+    if len(set(f.tolist())) == 1:
+        slope, intercept = float(excess.mean() / f[0]), 0.0
+    else:
+        slope, intercept = (float(v) for v in np.polyfit(f, excess, 1))
+    if slope <= 0:
+        raise ValueError("the checks measured no slowdown growing with the fraction injected "
+                         f"(excess = {intercept:.3f} + {slope:.3f} x fraction)")
+    fraction = (target - intercept) / slope
+    if not 0 < fraction < 1:
+        raise ValueError(f"no fraction in (0, 1) gives {target:.0%}: excess = {intercept:.3f} + {slope:.3f} x fraction")
+    return round(fraction, 3)
 
 
 def _calibration(out: Path) -> dict | None:
@@ -88,23 +99,24 @@ def _calibration(out: Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def calibrate(out: Path, runs: int) -> None:
-    """Checks at the nominal 10% until there are ``runs``; then fixes F in ``calibration.json``."""
+def calibrate(out: Path, fraction: float, runs: int) -> None:
+    """Checks at ``--inject-slowdown fraction`` until there are ``runs`` at it; then fixes F, from every
+    check so far, in ``calibration.json``."""
     path = trials_file(out).with_name("calibration.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     if any(t["kind"] == "slow10" for t in read_trials(trials_file(out))):
         raise SystemExit("slow10 trials exist: the calibration they were run with stays as it is")
-    while len(read_trials(path)) < runs:
-        check = one_trial("calibration", TARGET)
+    while sum(c["injected"] == fraction for c in read_trials(path)) < runs:
+        check = one_trial("calibration", fraction)
         with path.open("a") as f:
             f.write(json.dumps(check) + "\n")
-        print(f"calibration {len(read_trials(path))}/{runs}: ratio {check['ratio']:.4f} [{check['ci95']}] "
-              f"({check['seconds']:.0f} s)", flush=True)
-    ratios = [c["ratio"] for c in read_trials(path)][:runs]
-    doc = {"nominal": TARGET, "target": TARGET, "runs": len(ratios), "ratios": ratios,
-           "fraction": calibrated_fraction(ratios)}
+        print(f"calibration at {fraction}: ratio {check['ratio']:.4f} [{check['ci95']}] ({check['seconds']:.0f} s)",
+              flush=True)
+    checks = [(c["injected"], c["ratio"]) for c in read_trials(path)]
+    doc = {"target": TARGET, "checks": [{"injected": f, "ratio": r} for f, r in checks],
+           "fraction": calibrated_fraction(checks)}
     atomic_write(path.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
-    print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(ratios)} checks)")
+    print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(checks)} checks)")
 
 
 def run(out: Path, trials: int) -> None:
@@ -139,11 +151,13 @@ def summary(out: Path) -> int:
              f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}); slow10 with "
              f"`--inject-slowdown {calibration.get('fraction')}`.", ""]
     if calibration:
-        ratios = ", ".join(f"{r:.4f}" for r in calibration["ratios"])
-        lines += [f"Calibration: {calibration['runs']} checks at the nominal `--inject-slowdown "
-                  f"{calibration['nominal']}` measured B/A {ratios}; so slow10 injects "
-                  f"{calibration['fraction']} for a measured {calibration['target']:.0%} "
-                  "(its trials' own mean ratio is in the table).", ""]
+        by_fraction: dict[float, list[str]] = {}
+        for check in calibration["checks"]:
+            by_fraction.setdefault(check["injected"], []).append(f"{check['ratio']:.4f}")
+        measured = "; ".join(f"at {f}: {', '.join(r)}" for f, r in sorted(by_fraction.items()))
+        lines += [f"Calibration: {len(calibration['checks'])} checks with `--inject-slowdown` measured B/A {measured}; "
+                  f"the line fitted through them gives {calibration['fraction']} for a measured "
+                  f"{calibration['target']:.0%} (the slow10 trials' own mean ratio is in the table).", ""]
     lines += ["| kind | goal | flagged | 95% CI | exit codes | measured ratio B/A (95% CI) "
               "| minutes: median, largest |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for kind in KINDS:
@@ -170,12 +184,14 @@ def summary(out: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("calibrate", "run", "summary"))
-    parser.add_argument("--runs", type=int, default=3, help="calibration checks (default: %(default)s)")
+    parser.add_argument("--fraction", type=float, default=TARGET,
+                        help="calibrate: the --inject-slowdown of its checks (default: %(default)s)")
+    parser.add_argument("--runs", type=int, default=3, help="calibrate: checks at --fraction (default: %(default)s)")
     parser.add_argument("--trials", type=int, default=20, help="for each kind (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "results/latency_check")
     args = parser.parse_args()
     if args.what == "calibrate":
-        calibrate(args.out, args.runs)
+        calibrate(args.out, args.fraction, args.runs)
     if args.what == "run":
         run(args.out, args.trials)
     return summary(args.out)
