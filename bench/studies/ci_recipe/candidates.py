@@ -1,0 +1,157 @@
+"""Which cheaper accuracy-gate recipe keeps the gate's teeth? Candidate schedules and image sizes, seed by seed.
+
+    python bench/studies/ci_recipe/candidates.py run 160_800 160_800@box_coder [--seed 0] [--parallel 2]
+    python bench/studies/ci_recipe/candidates.py summary [--out out/ci_recipe] [--results FILE.md]
+
+Every candidate is the ``ci`` recipe (``mrcnn train --recipe ci``) with a few flags changed
+(:data:`CANDIDATES`): the same 48 synthetic images, model, optimiser and seed handling, one thread,
+an evaluation of the training images every 100 steps. ``NAME@FAULT`` trains it under one of the
+accuracy gate's deliberate bugs (:mod:`mrcnn_bench.gates.faults`), as ``accuracy-gate
+--inject-fault`` does for the recipe itself. ``run`` trains each named run whose folder
+(``OUT/NAME[@FAULT]-s<seed>``) has no evaluation at its last step yet, ``--parallel`` at a time
+(rerun it after a stop: a run cut short starts over). ``summary`` writes one table: per run the
+box and mask AP at every evaluation, the final pair, and the seconds per step (with ``--parallel 2``
+two runs shared the machine, so a step alone is faster: the ratios between candidates hold).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.faults import FAULTS, inject_fault
+
+# Short side 160 (long side at most 256) instead of the recipe's 224 (352): about half the pixels.
+_SMALL = ("--set", "min_size=160", "--set", "max_size=256",
+          "--set", "canvases=((160,160),(160,224),(160,256),(224,160),(256,160))")
+CANDIDATES: dict[str, tuple[str, ...]] = {
+    "224_1200": (),  # the recipe as it is
+    "224_600_lr3e-3": ("--steps", "600", "--lr-steps", "500", "--lr", "3e-3"),
+    "224_600_lr2e-3_zero_residual": ("--steps", "600", "--lr-steps", "500", "--lr", "2e-3", "--init", "zero_residual"),
+    "224_1200_batch2": ("--batch-size", "2"),
+    "160_1200": _SMALL,
+    "160_1000": (*_SMALL, "--steps", "1000", "--lr-steps", "800"),
+    "160_800": (*_SMALL, "--steps", "800", "--lr-steps", "650"),
+}
+EVAL_EVERY = 100
+
+
+def parse_run(text: str) -> tuple[str, str | None]:
+    """``NAME`` or ``NAME@FAULT`` -> (candidate, fault or None), both checked."""
+    name, _, fault = text.partition("@")
+    if name not in CANDIDATES:
+        raise argparse.ArgumentTypeError(f"unknown candidate {name!r}; choose from {sorted(CANDIDATES)}")
+    if fault and fault not in FAULTS:
+        raise argparse.ArgumentTypeError(f"unknown fault {fault!r}; choose from {sorted(FAULTS)}")
+    return name, fault or None
+
+
+def train_argv(name: str, seed: int, out: Path) -> list[str]:
+    """``mrcnn train`` arguments of candidate ``name`` (one thread, evaluations every 100 steps)."""
+    return ["train", "--recipe", "ci", "--seed", str(seed), "--threads", "1", "--no-progress",
+            "--eval-every", str(EVAL_EVERY), "--out", str(out), *CANDIDATES[name]]
+
+
+def last_step(name: str) -> int:
+    flags = CANDIDATES[name]
+    return int(flags[flags.index("--steps") + 1]) if "--steps" in flags else 1200
+
+
+def evaluations(folder: Path) -> list[dict]:
+    path = folder / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return rows
+
+
+def finished(folder: Path, name: str) -> bool:
+    return any(r.get("step") == last_step(name) and "bbox/AP" in r for r in evaluations(folder))
+
+
+def folder_of(out: Path, name: str, fault: str | None, seed: int) -> Path:
+    return out / f"{name}{'@' + fault if fault else ''}-s{seed}"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    todo = [(n, f) for n, f in args.runs if not finished(folder_of(args.out, n, f, args.seed), n)]
+    running: list[tuple[Path, subprocess.Popen]] = []
+    while todo or running:
+        while todo and len(running) < args.parallel:
+            name, fault = todo.pop(0)
+            folder = folder_of(args.out, name, fault, args.seed)
+            shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
+            folder.mkdir(parents=True)
+            cmd = [sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, args.seed, folder)]
+            with folder.with_suffix(".log").open("w") as log:
+                running.append((folder, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+            print(f"{folder.name}: started", flush=True)
+        time.sleep(5)
+        for folder, proc in list(running):
+            if proc.poll() is None:
+                continue
+            running.remove((folder, proc))
+            print(f"{folder.name}: exit {proc.returncode}", flush=True)
+            if proc.returncode != 0:
+                return 1
+    return 0
+
+
+def cmd_one(fault: str, argv: list[str]) -> int:
+    """One ``mrcnn train`` in this process, under ``fault`` when one is named."""
+    from mrcnn.cli import main
+
+    if not fault:
+        return main(argv)
+    with inject_fault(fault):
+        return main(argv)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    lines = ["# Cheaper accuracy-gate recipes: AP along the way, and the cost of a step", "",
+             "`python bench/studies/ci_recipe/candidates.py run ...`, then `summary`; each run is "
+             "`mrcnn train --recipe ci --threads 1` with the candidate's flags (`CANDIDATES` in the script), "
+             f"evaluated on its 48 training images every {EVAL_EVERY} steps. Box AP / mask AP.", "",
+             "| run | seed | s/step | box / mask AP along the way (step: box/mask) | final box AP | final mask AP |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for folder in sorted(p for p in args.out.iterdir() if p.is_dir()):
+        rows = evaluations(folder)
+        steps = [r for r in rows if "step_time" in r]
+        evals = [r for r in rows if "bbox/AP" in r]
+        if not evals:
+            continue
+        name, _, seed = folder.name.rpartition("-s")
+        per_step = statistics.fmean(r["step_time"] + r["data_time"] for r in steps)
+        curve = " ".join(f"{r['step']}: {r['bbox/AP']:.3f}/{r['segm/AP']:.3f}" for r in evals[:-1])
+        last = evals[-1]
+        lines.append(f"| {name} | {seed} | {per_step:.3f} | {curve} | {last['bbox/AP']:.4f} (step {last['step']}) "
+                     f"| {last['segm/AP']:.4f} |")
+    text = "\n".join(lines) + "\n"
+    if args.results:
+        atomic_write(args.results, text)
+    print(text)
+    return 0
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "one":  # the worker: one run, its fault applied in-process
+        fault = sys.argv[sys.argv.index("--fault") + 1]
+        return cmd_one(fault, sys.argv[sys.argv.index("--") + 1:])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("run", "summary"))
+    parser.add_argument("runs", nargs="*", type=parse_run, help="NAME or NAME@FAULT (run)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parallel", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path("out/ci_recipe"))
+    parser.add_argument("--results", type=Path, default=None, help="summary: also write the table here")
+    args = parser.parse_args()
+    return cmd_run(args) if args.what == "run" else cmd_summary(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
