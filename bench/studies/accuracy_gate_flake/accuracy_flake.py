@@ -32,12 +32,14 @@ import json
 import math
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 from scipy import stats
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.training_runs import Job, run_jobs
 
 from mrcnn.recipes import get_recipe
 from mrcnn_bench.gates.accuracy_baseline import (
@@ -73,30 +75,24 @@ def finished(folder: Path) -> dict[str, float] | None:
 def cmd_train(args: argparse.Namespace) -> int:
     todo = [s for s in args.seeds if finished(args.out / f"ci-s{s}") is None]
     print(f"seeds to train: {todo}", flush=True)
-    running: list[tuple[int, subprocess.Popen]] = []
-    while todo or running:
-        while todo and len(running) < args.parallel:
-            seed = todo.pop(0)
-            folder = args.out / f"ci-s{seed}"
-            shutil.rmtree(folder, ignore_errors=True)  # a seed cut short starts over
-            folder.mkdir(parents=True)
-            cmd = [sys.executable, "-m", "mrcnn.cli", "train", "--recipe", RECIPE, "--seed", str(seed),
-                   "--out", str(folder), "--threads", "1", "--no-progress"]
-            with (args.out / f"ci-s{seed}.log").open("w") as log:  # the child keeps its own descriptor
-                running.append((seed, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
-            print(f"seed {seed}: started", flush=True)
-        time.sleep(5)
-        for seed, proc in list(running):
-            if proc.poll() is None:
-                continue
-            running.remove((seed, proc))
-            folder = args.out / f"ci-s{seed}"
-            if proc.returncode == 0 and finished(folder):
-                print(f"seed {seed}: done {finished(folder)}", flush=True)
-            else:
-                print(f"seed {seed}: exit {proc.returncode} (see {args.out}/ci-s{seed}.log)", flush=True)
-                return 1
-    return 0
+    jobs, folders = [], {}
+    for seed in todo:
+        folder = folders[f"seed {seed}"] = args.out / f"ci-s{seed}"
+        shutil.rmtree(folder, ignore_errors=True)  # a seed cut short starts over
+        folder.mkdir(parents=True)
+        argv = (sys.executable, "-m", "mrcnn.cli", "train", "--recipe", RECIPE, "--seed", str(seed),
+                "--out", str(folder), "--threads", "1", "--no-progress")
+        jobs.append(Job(f"seed {seed}", argv, args.out / f"ci-s{seed}.log"))
+
+    def ended(job: Job, code: int) -> bool:
+        folder = folders[job.label]
+        if code == 0 and finished(folder):
+            print(f"{job.label}: done {finished(folder)}", flush=True)
+            return True
+        print(f"{job.label}: exit {code} (see {job.log})", flush=True)
+        return False
+
+    return run_jobs(jobs, args.parallel, ended)
 
 
 def error_rates(values: list[float], tol: float) -> dict[str, float]:

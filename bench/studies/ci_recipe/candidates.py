@@ -20,11 +20,14 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
+
+from studies.training_runs import Job, run_jobs
+
+from mrcnn.recipes import get_recipe
 from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.gates.faults import FAULTS, inject_fault
 
@@ -60,14 +63,15 @@ def train_argv(name: str, seed: int, out: Path) -> list[str]:
 
 
 def last_step(name: str) -> int:
+    """The candidate's last step: its ``--steps``, else the recipe's."""
     flags = CANDIDATES[name]
-    return int(flags[flags.index("--steps") + 1]) if "--steps" in flags else 1200
+    return int(flags[flags.index("--steps") + 1]) if "--steps" in flags else get_recipe("ci").train.steps
 
 
 def evaluations(folder: Path) -> list[dict]:
+    """The lines of the run's ``metrics.jsonl`` (steps and evaluations); none before it starts."""
     path = folder / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return rows
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
 def finished(folder: Path, name: str) -> bool:
@@ -79,27 +83,21 @@ def folder_of(out: Path, name: str, fault: str | None, seed: int) -> Path:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    todo = [(n, f) for n, f in args.runs if not finished(folder_of(args.out, n, f, args.seed), n)]
-    running: list[tuple[Path, subprocess.Popen]] = []
-    while todo or running:
-        while todo and len(running) < args.parallel:
-            name, fault = todo.pop(0)
-            folder = folder_of(args.out, name, fault, args.seed)
-            shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
-            folder.mkdir(parents=True)
-            cmd = [sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, args.seed, folder)]
-            with folder.with_suffix(".log").open("w") as log:
-                running.append((folder, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
-            print(f"{folder.name}: started", flush=True)
-        time.sleep(5)
-        for folder, proc in list(running):
-            if proc.poll() is None:
-                continue
-            running.remove((folder, proc))
-            print(f"{folder.name}: exit {proc.returncode}", flush=True)
-            if proc.returncode != 0:
-                return 1
-    return 0
+    jobs = []
+    for name, fault in args.runs:
+        folder = folder_of(args.out, name, fault, args.seed)
+        if finished(folder, name):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
+        folder.mkdir(parents=True)
+        argv = (sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, args.seed, folder))
+        jobs.append(Job(folder.name, argv, folder.with_suffix(".log")))
+
+    def ended(job: Job, code: int) -> bool:
+        print(f"{job.label}: exit {code}", flush=True)
+        return code == 0
+
+    return run_jobs(jobs, args.parallel, ended)
 
 
 def cmd_one(fault: str, argv: list[str]) -> int:

@@ -11,13 +11,13 @@ tree's side. ``--inject-slowdown`` sizes its extra work from an assumed share of
 check sees: ``calibrate`` runs checks at a fraction (``OUT/<host>/calibration.jsonl``, resumable) and
 fixes F, the fraction the check measures as 10% on the line through every check so far
 (:func:`calibrated_fraction`), in ``calibration.json`` before any slow10 trial; ``run`` refuses to
-start without it. Run it from a checkout nobody edits (a ``git
-worktree`` of the commit under study): the check compares that checkout with its own HEAD. The kinds
-alternate, so that a stop leaves them balanced; trials append to ``OUT/<host>/trials.jsonl``
-(resumable: ``run`` adds trials until each kind has ``--trials``); ``summary`` writes
-``OUT/<host>/summary.md``: the calibration, and per kind the goal, flagged / trials with its
-two-sided 95% Clopper-Pearson interval, the exit codes, the mean measured ratio with its t-interval
-across trials, and the check's minutes (median and largest).
+start without it. Run it from a checkout nobody edits (a ``git worktree`` of the commit under
+study): the check compares that checkout with its own HEAD. The kinds alternate, so that a stop
+leaves them balanced; trials append to ``OUT/<host>/trials.jsonl`` (resumable: ``run`` adds trials
+until each kind has ``--trials``); ``summary`` writes ``OUT/<host>/summary.md``: the calibration,
+and per kind the goal, flagged / trials with its two-sided 95% Clopper-Pearson interval, the exit
+codes, the mean measured ratio with its t-interval across trials, and the check's minutes (median
+and largest).
 """
 
 from __future__ import annotations
@@ -74,13 +74,13 @@ def one_trial(kind: str, fraction: float) -> dict:
 def calibrated_fraction(checks: list[tuple[float, float]], target: float = TARGET) -> float:
     """The ``--inject-slowdown`` fraction the check measures as ``target``, from (fraction, ratio) checks.
 
-    The measured excess (ratio - 1) is fitted as a line in the fraction asked for, by least squares
-    over the checks' log ratios: through the origin when every check used one fraction, else with an
+    The measured excess (ratio - 1) is fitted as a line in the fraction asked for, by least squares:
+    through the origin when every check used one fraction (their mean excess over it), else with an
     intercept, since the extra work over a few rows of the canvas costs more than its share of rows
     (padding and per-operator costs). The fraction is the line's solution for ``target``.
     """
     f = np.array([c[0] for c in checks], dtype=float)
-    excess = np.expm1(np.log([c[1] for c in checks]).astype(float))
+    excess = np.array([c[1] for c in checks], dtype=float) - 1.0
     if len(set(f.tolist())) == 1:
         slope, intercept = float(excess.mean() / f[0]), 0.0
     else:
@@ -149,7 +149,7 @@ def summary(out: Path) -> int:
              f"`summary`. Each trial: `mrcnn-bench latency-check --against HEAD --cases {CASE}` with the defaults "
              f"({defaults.CHECK_PAIRS} pairs x {defaults.CHECK_ROUNDS} rounds, threshold "
              f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}); slow10 with "
-             f"`--inject-slowdown {calibration.get('fraction')}`.", ""]
+             f"`--inject-slowdown {calibration.get('fraction', 'F')}`.", ""]
     if calibration:
         by_fraction: dict[float, list[str]] = {}
         for check in calibration["checks"]:
