@@ -29,6 +29,7 @@ from studies.training_runs import Job, run_jobs
 
 from mrcnn.recipes import get_recipe
 from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.gates.accuracy_baseline import final_metrics
 from mrcnn_bench.gates.faults import FAULTS, inject_fault
 
 # Short side 160 (long side at most 256) instead of the recipe's 224 (352): about half the pixels.
@@ -75,7 +76,11 @@ def evaluations(folder: Path) -> list[dict]:
 
 
 def finished(folder: Path, name: str) -> bool:
-    return any(r.get("step") == last_step(name) and "bbox/AP" in r for r in evaluations(folder))
+    """Whether the run evaluated at its last step (the gate's own reader of a run's final metrics)."""
+    try:
+        return final_metrics(folder)["step"] == last_step(name)
+    except (FileNotFoundError, ValueError):
+        return False
 
 
 def folder_of(out: Path, name: str, fault: str | None, seed: int) -> Path:

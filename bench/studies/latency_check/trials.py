@@ -94,15 +94,20 @@ def calibrated_fraction(checks: list[tuple[float, float]], target: float = TARGE
     return round(fraction, 3)
 
 
+def _calibration_file(out: Path) -> Path:
+    """``OUT/<host>/calibration.json``: F and the checks it came from (their lines: ``.jsonl``)."""
+    return trials_file(out).with_name("calibration.json")
+
+
 def _calibration(out: Path) -> dict | None:
-    path = trials_file(out).with_name("calibration.json")
+    path = _calibration_file(out)
     return json.loads(path.read_text()) if path.is_file() else None
 
 
 def calibrate(out: Path, fraction: float, runs: int) -> None:
     """Checks at ``--inject-slowdown fraction`` until there are ``runs`` at it; then fixes F, from every
     check so far, in ``calibration.json``."""
-    path = trials_file(out).with_name("calibration.jsonl")
+    path = _calibration_file(out).with_suffix(".jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     if any(t["kind"] == "slow10" for t in read_trials(trials_file(out))):
         raise SystemExit("slow10 trials exist: the calibration they were run with stays as it is")
@@ -115,14 +120,14 @@ def calibrate(out: Path, fraction: float, runs: int) -> None:
     checks = [(c["injected"], c["ratio"]) for c in read_trials(path)]
     doc = {"target": TARGET, "checks": [{"injected": f, "ratio": r} for f, r in checks],
            "fraction": calibrated_fraction(checks)}
-    atomic_write(path.with_suffix(".json"), json.dumps(doc, indent=1) + "\n")
+    atomic_write(_calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(checks)} checks)")
 
 
 def run(out: Path, trials: int) -> None:
     calibration = _calibration(out)
     if calibration is None:
-        raise SystemExit(f"no {trials_file(out).with_name('calibration.json')}: run `calibrate` first")
+        raise SystemExit(f"no {_calibration_file(out)}: run `calibrate` first")
     path = trials_file(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
