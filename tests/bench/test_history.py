@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from mrcnn_bench.base.errors import UsageError  # noqa: E402
 from mrcnn_bench.history import asv_machine, fixed_accuracy, interleaved, ruler  # noqa: E402
 from mrcnn_bench.history import commit as history  # noqa: E402
+from mrcnn_bench.running import store  # noqa: E402
 
 
 def test_ruler_never_imports_the_library():
@@ -98,12 +99,12 @@ def test_fixture_scores_this_checkout(tmp_path):
 def test_asv_machine_is_named_by_cpu_cores_and_fixture(tmp_path):
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\nflags\t: fpu\n")
-    assert asv_machine.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8488C"
-    assert asv_machine.slug(asv_machine.cpu_model(cpuinfo)) == "intel-r-xeon-r-platinum-8488c"
-    assert asv_machine.cpu_label(cpuinfo) == "Intel(R) Xeon(R) Platinum 8488C"  # no family and model lines
+    assert store.cpu_model(cpuinfo) == "Intel(R) Xeon(R) Platinum 8488C"
+    assert asv_machine.slug(store.cpu_model(cpuinfo)) == "intel-r-xeon-r-platinum-8488c"
+    assert store.cpu_label(cpuinfo) == "Intel(R) Xeon(R) Platinum 8488C"  # no family and model lines
     # Two generations that a virtual machine names alike are told apart by family and model.
     cpuinfo.write_text("processor\t: 0\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n")
-    assert asv_machine.slug(asv_machine.cpu_label(cpuinfo)) == "amd-epyc-f25m17"
+    assert asv_machine.slug(store.cpu_label(cpuinfo)) == "amd-epyc-f25m17"
     fixture = fixed_accuracy.Fixture(tmp_path / "fx")
     with pytest.raises(FileNotFoundError, match="make asv-fixture"):
         asv_machine.machine_name(fixture, cpu="AMD EPYC", cores=2)

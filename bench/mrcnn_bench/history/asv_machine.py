@@ -35,20 +35,12 @@ from pathlib import Path
 from mrcnn_bench.base.errors import UsageError
 from mrcnn_bench.base.files import atomic_write, read_json
 from mrcnn_bench.history.fixed_accuracy import Fixture
-from mrcnn_bench.running.store import cpu_model, cpuinfo_fields
+from mrcnn_bench.running.store import cpu_label
 
 
 def slug(text: str) -> str:
     """Lower case, runs of anything but letters and digits as one ``-`` (``Intel(R) Xeon(R)`` -> ``intel-r-xeon-r``)."""
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "cpu"
-
-
-def cpu_label(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The model name, and ``f<family>m<model>`` where ``cpuinfo`` has them: ``AMD EPYC f25m17``."""
-    fields = cpuinfo_fields(cpuinfo)
-    family, model = fields.get("cpu family"), fields.get("model")
-    generation = f"f{family}m{model}" if family and model else ""
-    return f"{fields.get('model name') or cpu_model(cpuinfo) or 'cpu'} {generation}".strip()
 
 
 def machine_name(fixture: Fixture, cpu: str | None = None, cores: int | None = None) -> str:

@@ -83,6 +83,19 @@ def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
     return cpuinfo_fields(cpuinfo).get("model name") or platform.processor() or None
 
 
+def cpu_label(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The model name, and ``f<family>m<model>`` where ``cpuinfo`` has them: ``AMD EPYC f25m17``.
+
+    A virtual machine may report a bare ``AMD EPYC`` for CPU generations whose speeds and kernels
+    differ: the family and model numbers tell them apart (the host kind of asv's machine name and of
+    the accuracy baseline's runs).
+    """
+    fields = cpuinfo_fields(cpuinfo)
+    family, model = fields.get("cpu family"), fields.get("model")
+    generation = f"f{family}m{model}" if family and model else ""
+    return f"{fields.get('model name') or cpu_model(cpuinfo) or 'cpu'} {generation}".strip()
+
+
 def _json_default(x: Any) -> Any:
     if isinstance(x, (Path, torch.dtype)):
         return str(x)
