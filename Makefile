@@ -3,6 +3,7 @@
 #                a stream of varied sizes and a fixed size, in one report (out/bench/index.html)
 #   make test    what CI runs: the unit tests, the quick benchmarks (checked to have run), the gate,
 #                and the latency check of the last change
+#   make test-all  the same with the longer forms of a few unit tests (docs/testing.md)
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -15,7 +16,7 @@ OTAVA_STAMP := $(OTAVA_VENV)/.installed
 CI_OUT := out/ci
 export PJRT_DEVICE ?= CPU
 
-.PHONY: venv otava-env bench test unit bench-quick gate latency-check lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
+.PHONY: venv otava-env bench test test-all unit bench-quick gate latency-check lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
 	asv-spread asv-publish asv-serve gpu-check clean
 
 $(STAMP): pyproject.toml
@@ -59,8 +60,13 @@ test: $(STAMP) $(OTAVA_STAMP)
 	$(MAKE) --no-print-directory bench-quick
 	$(MAKE) --no-print-directory latency-check
 
+# CI's unit tests leave out the longer forms of a few checks (`extended`: each names the CI test that
+# catches the same fault more cheaply; docs/testing.md lists them); test-all runs them after make test.
 unit: $(STAMP) $(OTAVA_STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -m "not extended"
+
+test-all: test
+	$(PY) -m pytest -m extended
 
 # pytest-benchmark over the quick cases; its JSON is kept in $(CI_OUT), and the run fails unless
 # every quick case listed in --expect ran (a suite that silently skips everything must not pass).

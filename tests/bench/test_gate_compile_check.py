@@ -57,16 +57,17 @@ def test_gate_failure_messages_name_metric_change_and_cause():
 @pytest.mark.slow
 @pytest.mark.xla
 def test_gate_fails_on_an_injected_recompile(tmp_path):
-    """The real gate on static/xla: flat over seven sizes, then failing when images are padded tightly."""
+    """The real gate on static/xla, against the committed baseline, failing when images are padded tightly.
+
+    That the counts are flat over the seven sizes without the fault is what CI's own ``make gate``
+    checks against the same baseline (and ``test_xla`` per bucket), so it is not measured again here.
+    """
     pytest.importorskip("torch_xla")
-    baseline = tmp_path / "gate.json"
-    base_cmd = [sys.executable, "-m", "mrcnn_bench", "gate", "--cases", "static/xla", "--accuracy", "none",
-                "--baseline", str(baseline)]
+    baseline = json.loads((REPO / "baselines" / "gate_tiny.json").read_text())["cases"]["static/xla"]
+    assert baseline["uncached_compile"] == 2 and baseline["fallback_ops"] == 0  # one per canvas bucket
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
-    subprocess.run([*base_cmd, "--write-baseline"], check=True, env=env, cwd=REPO, capture_output=True)
-    counts = json.loads(baseline.read_text())["cases"]["static/xla"]
-    assert counts["uncached_compile"] == 2 and counts["fallback_ops"] == 0  # one per canvas bucket
-    fault = subprocess.run([*base_cmd, "--inject", "recompile"], env=env, cwd=REPO, capture_output=True, text=True)
+    fault = subprocess.run([sys.executable, "-m", "mrcnn_bench", "gate", "--cases", "static/xla", "--accuracy", "none",
+                            "--inject", "recompile"], env=env, cwd=REPO, capture_output=True, text=True)
     assert fault.returncode == 1, fault.stdout + fault.stderr
     assert "GATE FAILED" in fault.stdout and "static/xla: uncached_compile rose from 2 to" in fault.stdout
     assert "XLA compiled a new graph" in fault.stdout and "model input [1, 3, 320, 384]" in fault.stdout

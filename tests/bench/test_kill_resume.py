@@ -1,7 +1,8 @@
-"""No finished round is lost or counted twice, however a run dies: SIGKILL at 20 seeded points (during a
+"""No finished round is lost or counted twice, however a run dies: SIGKILL at seeded points (during a
 round, between rounds, in the middle of a journal line through the writer's fault hook), each followed
-by ``--resume``; and two runs racing for one name. A real row (static eager, tiny, in process) at a
-small image size keeps each cycle to seconds.
+by ``--resume`` (6 points in CI, two of each kind; 20 in ``make test-all``); and two runs racing for
+one name. A real row (static eager, tiny, in process) at a small image size keeps each cycle to
+seconds.
 
 After each kill, the journal's whole rounds are read: a round once finished must stay, with the same
 seconds. The final run file must hold exactly the rounds asked for, every round seen finished with
@@ -24,7 +25,6 @@ import pytest
 from mrcnn_bench.running import journal
 
 ROUNDS = 60
-KILLS = 20
 ROW = "static/eager"
 ARGS = ["run", "--cases", ROW, "--image-size", "64x64", "--images", "1", "--rounds", str(ROUNDS), "--threads", "1",
         "--peak-reps", "0", "--no-flops", "--no-plots", "--no-progress", "--in-process", "--name", "k"]
@@ -51,13 +51,13 @@ def _wait_for_round(out: Path, proc: subprocess.Popen, target: int, limit_s: flo
         time.sleep(0.01)
 
 
-@pytest.mark.slow  # twenty runs started and killed: the slowest test of the suite (make test still runs it)
-def test_sigkill_at_twenty_points_loses_no_round_and_repeats_none(tmp_path):
+def _kill_and_resume(tmp_path: Path, kills: int) -> None:
+    """``kills`` runs killed in turn (each kind in rotation, at seeded moments), then one resumed to the end."""
     out, cache = tmp_path / "out", tmp_path / "cache"
     rng = random.Random(0)
     seen: dict[int, float] = {}
     kinds = ["during a round", "between rounds", "mid-line"]
-    for i in range(KILLS):  # 7, 7 and 6 of the three kinds, each at seeded moments
+    for i in range(kills):
         done = len(_finished(out))
         kind = kinds[i % 3]
         if kind == "mid-line":
@@ -82,6 +82,17 @@ def test_sigkill_at_twenty_points_loses_no_round_and_repeats_none(tmp_path):
     assert len(record["times_s"]) == ROUNDS
     assert all(record["times_s"][r] == s for r, s in seen.items()), "each finished round kept, exactly once"
     assert not journal.path_for(out, "k").exists()
+
+
+@pytest.mark.slow
+def test_sigkill_at_six_points_loses_no_round_and_repeats_none(tmp_path):
+    _kill_and_resume(tmp_path, 6)  # two of each kind
+
+
+@pytest.mark.slow  # twenty runs started and killed: the slowest test of the suite
+@pytest.mark.extended(ci="tests/bench/test_kill_resume.py::test_sigkill_at_six_points_loses_no_round_and_repeats_none")
+def test_sigkill_at_twenty_points_loses_no_round_and_repeats_none(tmp_path):
+    _kill_and_resume(tmp_path, 20)  # 7, 7 and 6 of the three kinds
 
 
 def test_two_runs_racing_for_one_name(tmp_path):
