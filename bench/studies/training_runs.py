@@ -8,6 +8,7 @@ caller's: it passes only the runs not finished yet.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -45,3 +46,17 @@ def run_jobs(jobs: Sequence[Job], parallel: int, ended: Callable[[Job, int], boo
             if not ended(job, proc.returncode):
                 return 1
     return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``0-9`` or ``0,3,5`` (or both: ``0-4,7``) -> the seeds, in order (an argparse type)."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            seeds.extend(range(int(lo), int(hi or lo) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are N, N-M or a comma list of them, not {text!r}") from None
+    if not seeds or min(seeds) < 0 or max(seeds) >= 2**32:
+        raise argparse.ArgumentTypeError(f"seeds must lie in 0..2^32-1: {text!r}")
+    return seeds

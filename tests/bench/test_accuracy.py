@@ -22,13 +22,20 @@ from mrcnn.structures import Proposals, Targets
 from mrcnn_bench.gates import accuracy_gate
 from mrcnn_bench.gates.accuracy_baseline import (
     BaselineError,
+    BaselineRun,
     MetricBaseline,
     baseline_from_runs,
     compare_to_baseline,
     default_baseline_path,
     final_metrics,
+    host_kind,
+    kind_tolerance,
     load_baseline,
+    measured_kinds,
+    read_host,
+    tolerance_across_kinds,
     tolerance_from_spread,
+    write_host,
 )
 from mrcnn_bench.gates.accuracy_gate import AccuracyOptions, check_accuracy, main
 from mrcnn_bench.gates.faults import FAULTS, MASK_SHIFT_PIXELS, inject_fault
@@ -157,20 +164,47 @@ def test_tolerance_is_k_std_with_a_floor():
         tolerance_from_spread([0.3])
 
 
-def test_baseline_written_from_runs_round_trips(tmp_path):
-    runs = {
-        0: {"bbox/AP": 0.30, "segm/AP": 0.20, "bbox/AP50": 0.6},
-        1: {"bbox/AP": 0.32, "segm/AP": 0.22, "bbox/AP50": 0.6},
-        2: {"bbox/AP": 0.34, "segm/AP": 0.24, "bbox/AP50": 0.6},
-    }
+def test_the_tolerance_gives_each_kind_its_room_for_a_one_percent_false_fail():
+    """A kind whose runs sit lower, or spread wider, than the pooled runs widens the tolerance to hold
+    its own false fail at 1%; a kind with one run counts only in the pooled mean and sd."""
+    from scipy import stats
+
+    same = {"a": [0.50, 0.51, 0.52], "b": [0.50, 0.51, 0.52]}
+    assert tolerance_across_kinds(same, k=3, floor=0.0) == pytest.approx(kind_tolerance(0.51, same["a"]))
+    room = stats.t.ppf(0.99, 2) * 0.01 * (1 + 1 / 3) ** 0.5  # t predictive, sd 0.01 over 3 runs
+    assert kind_tolerance(0.51, same["a"]) == pytest.approx(room)
+    low = {"a": [0.50, 0.51, 0.52], "b": [0.44, 0.45, 0.46]}  # b's level 0.03 below the pooled mean 0.48
+    assert tolerance_across_kinds(low, k=0, floor=0.0) == pytest.approx(0.03 + room)
+    # With the kinds the same, the false fail of one more run of either at that tolerance is 1%.
+    tol = tolerance_across_kinds(same, k=0, floor=0.0)
+    assert stats.t.cdf(-tol / (0.01 * (1 + 1 / 3) ** 0.5), 2) == pytest.approx(0.01)
+    one = {"a": [0.50, 0.51, 0.52], "b": [0.2]}
+    assert tolerance_across_kinds(one, k=3, floor=0.0) >= 3 * tolerance_from_spread([0.50, 0.51, 0.52, 0.2], 1, 0)
+    assert tolerance_across_kinds({"a": [0.5, 0.5]}, k=3, floor=0.04) == 0.04  # two runs: no room of its own
+    with pytest.raises(ValueError, match="at least 2"):
+        kind_tolerance(0.5, [0.5])
+
+
+def test_baseline_written_from_runs_keeps_each_run_with_its_host_kind(tmp_path):
+    intel = {"cpu": "Intel(R) Xeon(R) Processor f6m207", "onednn_max_cpu_isa": None, "threads": 1}
+    capped = {**intel, "onednn_max_cpu_isa": "AVX2"}
+    runs = [BaselineRun(s, host, {"bbox/AP": 0.30 + 0.02 * s + d, "segm/AP": 0.20 + 0.02 * s, "bbox/AP50": 0.6})
+            for s in range(3) for host, d in ((intel, 0.0), (capped, -0.01))]
     doc = baseline_from_runs("ci", runs, k=3, floor=0.01, commands=["x"])
-    assert doc["metrics"]["bbox/AP"]["mean"] == pytest.approx(0.32)
-    assert doc["metrics"]["bbox/AP"]["tolerance"] == pytest.approx(0.06)
-    assert doc["metrics"]["segm/AP"]["per_seed"] == {"0": 0.20, "1": 0.22, "2": 0.24}
+    assert host_kind(capped) == "Intel(R) Xeon(R) Processor f6m207, oneDNN <= AVX2"
+    assert doc["kinds"] == sorted({host_kind(intel), host_kind(capped)})
+    box = doc["metrics"]["bbox/AP"]
+    assert box["mean"] == pytest.approx(0.315)
+    assert box["per_kind"][host_kind(capped)] == {"runs": 3, "mean": pytest.approx(0.31), "std": pytest.approx(0.02)}
+    by_kind = {host_kind(h): [0.30 + 0.02 * s + d for s in range(3)] for h, d in ((intel, 0.0), (capped, -0.01))}
+    assert box["tolerance"] == pytest.approx(tolerance_across_kinds(by_kind, 3, 0.01))
+    assert [(r["seed"], r["kind"]) for r in doc["runs"][:2]] == [(0, host_kind(intel)), (0, host_kind(capped))]
     assert doc["environment"]["torch"] == torch.__version__
     path = tmp_path / "ci.json"
     path.write_text(json.dumps(doc))
-    assert load_baseline(path, "ci")["segm/AP"] == MetricBaseline(pytest.approx(0.22), pytest.approx(0.06))
+    mask = doc["metrics"]["segm/AP"]["tolerance"]
+    assert load_baseline(path, "ci")["segm/AP"] == MetricBaseline(pytest.approx(0.22), pytest.approx(mask))
+    assert measured_kinds(path) == doc["kinds"]
 
 
 def test_write_baseline_from_run_folders(tmp_path, capsys):
@@ -179,16 +213,25 @@ def test_write_baseline_from_run_folders(tmp_path, capsys):
         run.mkdir()
         rows = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 0.5, "bbox/AP": ap, "segm/AP": ap / 2}]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    elsewhere = {"cpu": "AMD EPYC f25m17", "onednn_max_cpu_isa": None, "threads": 1, "machine": "x86_64"}
+    write_host(tmp_path / "ci-s2", elsewhere)  # trained on another host: its record travels with the folder
+    assert read_host(tmp_path / "ci-s2") == elsewhere and read_host(tmp_path / "ci-s0") is None
     out = tmp_path / "baseline.json"
     argv = ["--recipe", "ci", "--write-baseline", "--baseline", str(out), "--floor", "0.01", "--from-runs"]
     assert main(argv + [str(tmp_path / f"ci-s{s}") for s in range(3)]) == 0
     base = load_baseline(out, "ci")
     assert base["bbox/AP"].mean == pytest.approx(0.2) and base["bbox/AP"].tolerance == pytest.approx(0.3)
     assert final_metrics(tmp_path / "ci-s2")["bbox/AP"] == 0.3
+    runs = json.loads(out.read_text())["runs"]
+    assert runs[2]["kind"] == "AMD EPYC f25m17" and runs[2]["seed"] == 2
+    assert runs[0]["host"]["assumed"] and runs[0]["kind"] != "AMD EPYC f25m17"  # no record: this host, said so
 
     (tmp_path / "run0").mkdir()  # a folder whose name does not give its seed: exit 2 with the reason
     assert main([*argv, str(tmp_path / "run0")]) == 2
     assert "must be named <anything>-s<seed>" in capsys.readouterr().err
+    (tmp_path / "ci-s2" / "host.json").write_text("[1, 2")  # a damaged host record: exit 2 naming it
+    assert main([*argv, str(tmp_path / "ci-s2")]) == 2
+    assert "host.json" in capsys.readouterr().err
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
@@ -357,3 +400,18 @@ def test_the_gate_trains_on_the_baselines_thread_count_and_gives_it_back(tmp_pat
     assert cli.main(["gate", "--skip-compile", "--no-progress"]) == 0
     assert cli.main(["gate", "--skip-compile", "--no-progress", "--accuracy-threads", "2"]) == 0
     assert seen == [1, 2] and torch.get_num_threads() == 2
+
+
+def test_the_gate_names_its_host_kind_and_says_when_the_baseline_never_ran_there(tmp_path, monkeypatch):
+    monkeypatch.setattr(accuracy_gate, "train_recipe",
+                        lambda recipe, out_dir, **kw: SimpleNamespace(metrics={"bbox/AP": 0.9, "segm/AP": 0.9}))
+    baseline = write_baseline(tmp_path / "b.json")
+    out = tmp_path / "run"
+    result = check_accuracy(AccuracyOptions(baseline=baseline, out_dir=out))
+    here = host_kind(read_host(out))
+    assert result.kind == here and f"on {here}" in result.report()
+    assert not result.kind_measured and "the false-fail rate on it is not known" in result.report()
+    doc = json.loads(baseline.read_text())
+    baseline.write_text(json.dumps({**doc, "kinds": ["AMD EPYC f25m17", here]}))
+    result = check_accuracy(AccuracyOptions(baseline=baseline, out_dir=out))
+    assert result.passed and result.kind_measured and "not known" not in result.report()

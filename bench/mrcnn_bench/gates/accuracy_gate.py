@@ -28,6 +28,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,12 +46,19 @@ from mrcnn_bench.gates.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
     DEFAULT_SEEDS,
+    ISA_ENV,
+    BaselineRun,
     baseline_from_runs,
     compare_to_baseline,
     default_baseline_path,
     final_metrics,
+    host_kind,
+    host_record,
     load_baseline,
+    measured_kinds,
     metric_passed,
+    read_host,
+    write_host,
 )
 from mrcnn_bench.gates.faults import FAULTS, check_fault, inject_fault
 
@@ -84,10 +92,16 @@ class AccuracyResult:
     source: str  # "checkpoint PATH" or "trained seed N"
     fault: str | None = None
     wall_time: float = 0.0
+    kind: str = ""  # the host kind it trained on (accuracy_baseline.host_kind); "" for a checkpoint
+    kind_measured: bool = True  # whether the baseline has runs of that kind (its false-fail rate is known)
 
     def report(self) -> str:
-        head = f"accuracy gate, recipe {self.recipe!r} ({self.source}{', fault ' + self.fault if self.fault else ''}): "
-        return head + ("PASS" if self.passed else "FAIL") + "".join("\n  " + m for m in self.messages)
+        where = (f" on {self.kind}" if self.kind else "") + (f", fault {self.fault}" if self.fault else "")
+        head = f"accuracy gate, recipe {self.recipe!r} ({self.source}{where}): "
+        note = ("" if self.kind_measured else
+                f"\n  note: the baseline has no run on {self.kind}, so the false-fail rate on it is not known "
+                "(results/accuracy/README.md: how to add that kind's runs)")
+        return head + ("PASS" if self.passed else "FAIL") + "".join("\n  " + m for m in self.messages) + note
 
 
 def evaluate_checkpoint(checkpoint: str | Path, recipe_name: str, data_base: str | Path = "data") -> dict[str, float]:
@@ -137,8 +151,10 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
         ValueError: an unknown recipe or fault, or a fault together with a checkpoint.
     """
     get_recipe(opts.recipe)
-    baseline = load_baseline(opts.baseline or default_baseline_path(opts.recipe), opts.recipe)
+    baseline_path = opts.baseline or default_baseline_path(opts.recipe)
+    baseline = load_baseline(baseline_path, opts.recipe)
     check_fault(opts.fault)
+    kind = ""
     wall = timing.Stopwatch()
     if opts.checkpoint is not None:
         if opts.fault is not None:
@@ -153,6 +169,9 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
             if opts.threads:
                 stack.callback(torch.set_num_threads, torch.get_num_threads())
                 torch.set_num_threads(opts.threads)
+            host = host_record()
+            kind = host_kind(host)
+            write_host(out_dir, host)
             with inject_fault(opts.fault):
                 result = train_recipe(
                     opts.recipe, out_dir, seed=opts.seed, data_base=opts.data_base, progress=opts.progress
@@ -172,6 +191,8 @@ def check_accuracy(opts: AccuracyOptions) -> AccuracyResult:
         source=source,
         fault=opts.fault,
         wall_time=wall.elapsed(),
+        kind=kind,
+        kind_measured=not kind or kind in measured_kinds(baseline_path),
     )
 
 
@@ -226,29 +247,40 @@ def _run_seed(path: Path) -> int:
     raise UsageError(f"run folder {path} must be named <anything>-s<seed> (e.g. out/ci-s0) for --from-runs")
 
 
+def _train_command(recipe: str, seed: int, out: Path, host: dict[str, Any]) -> str:
+    """The command that retrains one run as its host record says it was trained: ISA cap and threads."""
+    words = ["mrcnn", "train", "--recipe", recipe, "--seed", str(seed), "--out", str(out)]
+    if host.get("threads"):
+        words += ["--threads", str(host["threads"])]
+    isa = host.get("onednn_max_cpu_isa")
+    return shlex.join(words) if not isa else f"{ISA_ENV}={shlex.quote(str(isa))} {shlex.join(words)}"
+
+
 def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
-    runs: dict[int, dict[str, float]] = {}
+    runs: list[BaselineRun] = []
     commands = []
     if args.from_runs:
         for run_dir in args.from_runs:
             seed = _run_seed(run_dir)
-            runs[seed] = final_metrics(run_dir)
-            commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {run_dir} --threads N")
+            # A folder the studies trained records its host; any other was trained here, as far as we know.
+            host = read_host(run_dir) or {**host_record(), "threads": None,
+                                          "assumed": "the host that wrote the baseline"}
+            runs.append(BaselineRun(seed, host, final_metrics(run_dir)))
+            commands.append(_train_command(args.recipe, seed, run_dir, host))
     else:
         for seed in args.seeds or DEFAULT_SEEDS:
             out = (args.out or Path("out")) / f"{args.recipe}-s{seed}"
+            write_host(out)
             train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=not args.no_progress)
-            runs[seed] = final_metrics(out)
+            runs.append(BaselineRun(seed, host_record(), final_metrics(out)))
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
     baseline_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(baseline_path, json.dumps(doc, indent=2) + "\n")
     for name, m in doc["metrics"].items():
-        print(
-            f"{name}: mean {m['mean']:.4f}, std {m['std']:.4f}, tolerance {m['tolerance']:.4f}, "
-            f"per seed {m['per_seed']}"
-        )
+        kinds = "; ".join(f"{kind}: {k['runs']} runs, mean {k['mean']:.4f}" for kind, k in m["per_kind"].items())
+        print(f"{name}: mean {m['mean']:.4f}, std {m['std']:.4f}, tolerance {m['tolerance']:.4f} ({kinds})")
     print(f"wrote {baseline_path}")
     return 0
 

@@ -1,6 +1,6 @@
 """Which cheaper accuracy-gate recipe keeps the gate's teeth? Candidate schedules and image sizes, seed by seed.
 
-    python bench/studies/ci_recipe/candidates.py run 160_800 160_800@box_coder [--seed 0] [--parallel 2]
+    python bench/studies/ci_recipe/candidates.py run 160_800 160_800@box_coder [--seeds 0-9] [--parallel 2]
     python bench/studies/ci_recipe/candidates.py summary [--out out/ci_recipe] [--results FILE.md]
 
 Every candidate is the ``ci`` recipe (``mrcnn train --recipe ci``) with a few flags changed
@@ -9,9 +9,11 @@ an evaluation of the training images every 100 steps. ``NAME@FAULT`` trains it u
 accuracy gate's deliberate bugs (:mod:`mrcnn_bench.gates.faults`), as ``accuracy-gate
 --inject-fault`` does for the recipe itself. ``run`` trains each named run whose folder
 (``OUT/NAME[@FAULT]-s<seed>``) has no evaluation at its last step yet, ``--parallel`` at a time
-(rerun it after a stop: a run cut short starts over). ``summary`` writes one table: per run the
-box and mask AP at every evaluation, the final pair, and the seconds per step (with ``--parallel 2``
-two runs shared the machine, so a step alone is faster: the ratios between candidates hold).
+(rerun it after a stop: a run cut short starts over); ``--seeds`` trains each run once per seed, and
+each run's folder records its host (``host.json``, which the accuracy baseline reads). ``summary``
+writes one table: per run the box and mask AP at every evaluation, the final pair, and the seconds
+per step (with ``--parallel 2`` two runs shared the machine, so a step alone is faster: the ratios
+between candidates hold).
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the studies' shared modules (studies.*)
 
-from studies.training_runs import Job, run_jobs
+from studies.training_runs import Job, parse_seeds, run_jobs
 
 from mrcnn.recipes import get_recipe
 from mrcnn_bench.base.files import atomic_write
-from mrcnn_bench.gates.accuracy_baseline import final_metrics
+from mrcnn_bench.gates.accuracy_baseline import final_metrics, host_kind, host_record, read_host, write_host
 from mrcnn_bench.gates.faults import FAULTS, inject_fault
 
 # Short side 160 (long side at most 256) instead of the recipe's 224 (352): about half the pixels.
@@ -89,14 +91,15 @@ def folder_of(out: Path, name: str, fault: str | None, seed: int) -> Path:
 
 def cmd_run(args: argparse.Namespace) -> int:
     jobs = []
-    for name, fault in args.runs:
-        folder = folder_of(args.out, name, fault, args.seed)
-        if finished(folder, name):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
-        folder.mkdir(parents=True)
-        argv = (sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, args.seed, folder))
-        jobs.append(Job(folder.name, argv, folder.with_suffix(".log")))
+    for seed in args.seeds:
+        for name, fault in args.runs:
+            folder = folder_of(args.out, name, fault, seed)
+            if finished(folder, name):
+                continue
+            shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
+            write_host(folder, {**host_record(), "threads": 1})  # where it ran: the accuracy baseline reads it
+            argv = (sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, seed, folder))
+            jobs.append(Job(folder.name, argv, folder.with_suffix(".log")))
 
     def ended(job: Job, code: int) -> bool:
         print(f"{job.label}: exit {code}", flush=True)
@@ -120,8 +123,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
              "`python bench/studies/ci_recipe/candidates.py run ...`, then `summary`; each run is "
              "`mrcnn train --recipe ci --threads 1` with the candidate's flags (`CANDIDATES` in the script), "
              f"evaluated on its 48 training images every {EVAL_EVERY} steps. Box AP / mask AP.", "",
-             "| run | seed | s/step | box / mask AP along the way (step: box/mask) | final box AP | final mask AP |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| run | seed | host kind | s/step | box / mask AP along the way (step: box/mask) | final box AP "
+             "| final mask AP |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for folder in sorted(p for p in args.out.iterdir() if p.is_dir()):
         rows = evaluations(folder)
         steps = [r for r in rows if "step_time" in r]
@@ -129,11 +133,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
         if not evals:
             continue
         name, _, seed = folder.name.rpartition("-s")
+        host = read_host(folder)
+        kind = host_kind(host) if host else "not recorded"
         per_step = statistics.fmean(r["step_time"] + r["data_time"] for r in steps)
         curve = " ".join(f"{r['step']}: {r['bbox/AP']:.3f}/{r['segm/AP']:.3f}" for r in evals[:-1])
         last = evals[-1]
-        lines.append(f"| {name} | {seed} | {per_step:.3f} | {curve} | {last['bbox/AP']:.4f} (step {last['step']}) "
-                     f"| {last['segm/AP']:.4f} |")
+        lines.append(f"| {name} | {seed} | {kind} | {per_step:.3f} | {curve} "
+                     f"| {last['bbox/AP']:.4f} (step {last['step']}) | {last['segm/AP']:.4f} |")
     text = "\n".join(lines) + "\n"
     if args.results:
         atomic_write(args.results, text)
@@ -148,7 +154,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("run", "summary"))
     parser.add_argument("runs", nargs="*", type=parse_run, help="NAME or NAME@FAULT (run)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=parse_seeds, default=[0], help="N, N-M or a comma list (default 0)")
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path("out/ci_recipe"))
     parser.add_argument("--results", type=Path, default=None, help="summary: also write the table here")
