@@ -219,10 +219,14 @@ def tolerance_across_kinds(
     return max([tol] + [kind_tolerance(mean, vs, target) for vs in by_kind.values() if len(vs) >= KIND_MIN_RUNS])
 
 
-def host_record() -> dict[str, Any]:
-    """This process's host kind, as a baseline run records it: CPU, oneDNN's cap, threads, architecture."""
-    return {"cpu": cpu_label(), "onednn_max_cpu_isa": os.environ.get(ISA_ENV) or None,
-            "threads": torch.get_num_threads(), "machine": platform.machine()}
+def host_record(threads: int | None = None, isa: str | None = None) -> dict[str, Any]:
+    """A host kind as a baseline run records it: CPU, oneDNN's cap, threads, architecture.
+
+    ``threads`` and ``isa`` are those of the process that trains, where it is a child started with
+    its own ``--threads`` or cap; by default this process's (and the cap it passes to its children).
+    """
+    return {"cpu": cpu_label(), "onednn_max_cpu_isa": isa or os.environ.get(ISA_ENV) or None,
+            "threads": threads or torch.get_num_threads(), "machine": platform.machine()}
 
 
 def host_kind(host: dict[str, Any]) -> str:
@@ -235,6 +239,12 @@ def write_host(run_dir: str | Path, host: dict[str, Any] | None = None) -> None:
     """Record in ``run_dir`` the host kind a training run runs on (this process's by default)."""
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(run_dir) / HOST_FILE, json.dumps(host or host_record(), indent=1) + "\n")
+
+
+def run_name_seed(run_dir: str | Path) -> tuple[str, int] | None:
+    """``(name, seed)`` of a run folder named ``<name>-s<seed>`` (``out/ci-s0``), else None."""
+    name, _, seed = Path(run_dir).name.rpartition("-s")
+    return (name, int(seed)) if name and seed.isdigit() else None
 
 
 def read_host(run_dir: str | Path) -> dict[str, Any] | None:

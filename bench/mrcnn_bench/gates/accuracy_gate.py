@@ -58,6 +58,7 @@ from mrcnn_bench.gates.accuracy_baseline import (
     measured_kinds,
     metric_passed,
     read_host,
+    run_name_seed,
     write_host,
 )
 from mrcnn_bench.gates.faults import FAULTS, check_fault, inject_fault
@@ -241,9 +242,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _run_seed(path: Path) -> int:
     """The training seed of a run folder, from its name ``<anything>-s<seed>``."""
-    tail = path.name.rsplit("-s", 1)
-    if len(tail) == 2 and tail[1].isdigit():
-        return int(tail[1])
+    named = run_name_seed(path)
+    if named is not None:
+        return named[1]
     raise UsageError(f"run folder {path} must be named <anything>-s<seed> (e.g. out/ci-s0) for --from-runs")
 
 
@@ -270,9 +271,10 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     else:
         for seed in args.seeds or DEFAULT_SEEDS:
             out = (args.out or Path("out")) / f"{args.recipe}-s{seed}"
-            write_host(out)
+            host = host_record()
+            write_host(out, host)
             train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=not args.no_progress)
-            runs.append(BaselineRun(seed, host_record(), final_metrics(out)))
+            runs.append(BaselineRun(seed, host, final_metrics(out)))
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)

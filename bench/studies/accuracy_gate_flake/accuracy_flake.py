@@ -61,6 +61,7 @@ from mrcnn_bench.gates.accuracy_baseline import (
     host_record,
     load_baseline,
     read_host,
+    run_name_seed,
     tolerance_across_kinds,
     write_host,
 )
@@ -92,7 +93,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     for seed in todo:
         folder = folders[f"seed {seed}"] = folder_of(args.out, seed, args.isa)
         shutil.rmtree(folder, ignore_errors=True)  # a seed cut short starts over
-        write_host(folder, {**host_record(), "onednn_max_cpu_isa": args.isa or None, "threads": THREADS})
+        write_host(folder, host_record(threads=THREADS, isa=args.isa))
         argv = (*prefix, sys.executable, "-m", "mrcnn.cli", "train", "--recipe", RECIPE, "--seed", str(seed),
                 "--out", str(folder), "--threads", str(THREADS), "--no-progress")
         jobs.append(Job(f"seed {seed}", argv, folder.with_suffix(".log")))
@@ -118,13 +119,13 @@ def collect(folders: list[Path]) -> dict[str, dict[int, dict[str, float]]]:
     kinds: dict[str, dict[int, dict[str, float]]] = {}
     for base in folders:
         for folder in sorted(p for p in base.iterdir() if p.is_dir()):
-            name, _, seed = folder.name.rpartition("-s")
-            if "@" in name:
+            named = run_name_seed(folder)
+            if named is None or "@" in named[0]:
                 continue
             host, metrics = read_host(folder), finished(folder)
-            if not name or not seed.isdigit() or host is None or metrics is None:
+            if host is None or metrics is None:
                 continue
-            kinds.setdefault(host_kind(host), {})[int(seed)] = metrics
+            kinds.setdefault(host_kind(host), {})[named[1]] = metrics
     return kinds
 
 

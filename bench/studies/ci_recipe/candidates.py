@@ -3,8 +3,8 @@
     python bench/studies/ci_recipe/candidates.py run 160_800 160_800@box_coder [--seeds 0-9] [--parallel 2]
     python bench/studies/ci_recipe/candidates.py summary [--out out/ci_recipe] [--results FILE.md]
 
-Every candidate is the ``ci`` recipe (``mrcnn train --recipe ci``) with a few flags changed
-(:data:`CANDIDATES`): the same 48 synthetic images, model, optimiser and seed handling, one thread,
+Every candidate is the ``ci`` recipe (``mrcnn train --recipe ci``) with its image size and schedule
+set by flags (:data:`CANDIDATES`): the same 48 synthetic images, model, optimiser and seed handling, one thread,
 an evaluation of the training images every 100 steps. ``NAME@FAULT`` trains it under one of the
 accuracy gate's deliberate bugs (:mod:`mrcnn_bench.gates.faults`), as ``accuracy-gate
 --inject-fault`` does for the recipe itself. ``run`` trains each named run whose folder
@@ -29,22 +29,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/: the stud
 
 from studies.training_runs import Job, parse_seeds, run_jobs
 
-from mrcnn.recipes import get_recipe
 from mrcnn_bench.base.files import atomic_write
-from mrcnn_bench.gates.accuracy_baseline import final_metrics, host_kind, host_record, read_host, write_host
+from mrcnn_bench.gates.accuracy_baseline import (
+    final_metrics,
+    host_kind,
+    host_record,
+    read_host,
+    run_name_seed,
+    write_host,
+)
 from mrcnn_bench.gates.faults import FAULTS, inject_fault
 
-# Short side 160 (long side at most 256) instead of the recipe's 224 (352): about half the pixels.
-_SMALL = ("--set", "min_size=160", "--set", "max_size=256",
-          "--set", "canvases=((160,160),(160,224),(160,256),(224,160),(256,160))")
+# Each candidate spells out its image size and schedule, so that it stays what its name says
+# whatever the ci recipe is now (160_800 is the recipe since it was chosen; 224_1200 was before).
+_224 = ("--set", "min_size=224", "--set", "max_size=352",
+        "--set", "canvases=((224,224),(224,320),(224,352),(320,224),(352,224))")
+# Short side 160 (long side at most 256): about half the pixels of 224 (352).
+_160 = ("--set", "min_size=160", "--set", "max_size=256",
+        "--set", "canvases=((160,160),(160,224),(160,256),(224,160),(256,160))")
+_1200 = ("--steps", "1200", "--lr-steps", "1000")
 CANDIDATES: dict[str, tuple[str, ...]] = {
-    "224_1200": (),  # the recipe as it is
-    "224_600_lr3e-3": ("--steps", "600", "--lr-steps", "500", "--lr", "3e-3"),
-    "224_600_lr2e-3_zero_residual": ("--steps", "600", "--lr-steps", "500", "--lr", "2e-3", "--init", "zero_residual"),
-    "224_1200_batch2": ("--batch-size", "2"),
-    "160_1200": _SMALL,
-    "160_1000": (*_SMALL, "--steps", "1000", "--lr-steps", "800"),
-    "160_800": (*_SMALL, "--steps", "800", "--lr-steps", "650"),
+    "224_1200": (*_224, *_1200),
+    "224_600_lr3e-3": (*_224, "--steps", "600", "--lr-steps", "500", "--lr", "3e-3"),
+    "224_600_lr2e-3_zero_residual": (*_224, "--steps", "600", "--lr-steps", "500", "--lr", "2e-3",
+                                     "--init", "zero_residual"),
+    "224_1200_batch2": (*_224, *_1200, "--batch-size", "2"),
+    "160_1200": (*_160, *_1200),
+    "160_1000": (*_160, "--steps", "1000", "--lr-steps", "800"),
+    "160_800": (*_160, "--steps", "800", "--lr-steps", "650"),
 }
 EVAL_EVERY = 100
 
@@ -66,9 +78,9 @@ def train_argv(name: str, seed: int, out: Path) -> list[str]:
 
 
 def last_step(name: str) -> int:
-    """The candidate's last step: its ``--steps``, else the recipe's."""
+    """The candidate's last step (its ``--steps``)."""
     flags = CANDIDATES[name]
-    return int(flags[flags.index("--steps") + 1]) if "--steps" in flags else get_recipe("ci").train.steps
+    return int(flags[flags.index("--steps") + 1])
 
 
 def evaluations(folder: Path) -> list[dict]:
@@ -97,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if finished(folder, name):
                 continue
             shutil.rmtree(folder, ignore_errors=True)  # a run cut short starts over
-            write_host(folder, {**host_record(), "threads": 1})  # where it ran: the accuracy baseline reads it
+            write_host(folder, host_record(threads=1))  # where it ran: the accuracy baseline reads it
             argv = (sys.executable, __file__, "one", "--fault", fault or "", "--", *train_argv(name, seed, folder))
             jobs.append(Job(folder.name, argv, folder.with_suffix(".log")))
 
@@ -132,7 +144,7 @@ def cmd_summary(args: argparse.Namespace) -> int:
         evals = [r for r in rows if "bbox/AP" in r]
         if not evals:
             continue
-        name, _, seed = folder.name.rpartition("-s")
+        name, seed = run_name_seed(folder) or (folder.name, "?")
         host = read_host(folder)
         kind = host_kind(host) if host else "not recorded"
         per_step = statistics.fmean(r["step_time"] + r["data_time"] for r in steps)
