@@ -234,6 +234,38 @@ def test_write_baseline_from_run_folders(tmp_path, capsys):
     assert "host.json" in capsys.readouterr().err
 
 
+def test_write_baseline_keeps_the_stored_runs_and_replaces_a_rerun_seed(tmp_path, capsys):
+    intel = {"cpu": "Intel(R) Xeon(R) Processor f6m207", "onednn_max_cpu_isa": None, "threads": 1}
+    amd = {**intel, "cpu": "AMD EPYC f25m17"}
+
+    def run_folder(name: str, ap: float, host: dict) -> str:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(json.dumps({"step": 2, "bbox/AP": ap, "segm/AP": ap / 2}) + "\n")
+        write_host(tmp_path / name, host)
+        return str(tmp_path / name)
+
+    out = tmp_path / "baseline.json"
+    argv = ["--recipe", "ci", "--write-baseline", "--baseline", str(out), "--floor", "0.01"]
+    assert main([*argv, "--from-runs", run_folder("a-s0", 0.30, intel), run_folder("a-s1", 0.40, intel)]) == 0
+    # Seed 1 again on the same kind (it replaces the stored run), seed 0 on another kind (added).
+    assert main([*argv, "--keep-runs", "--from-runs", run_folder("b-s1", 0.50, intel),
+                 run_folder("b-s0", 0.20, amd)]) == 0
+    doc = json.loads(out.read_text())
+    assert [(r["kind"], r["seed"], r["metrics"]["bbox/AP"]) for r in doc["runs"]] == [
+        ("AMD EPYC f25m17", 0, 0.20), ("Intel(R) Xeon(R) Processor f6m207", 0, 0.30),
+        ("Intel(R) Xeon(R) Processor f6m207", 1, 0.50)]
+    assert doc["metrics"]["bbox/AP"]["mean"] == pytest.approx(1 / 3)
+    assert any("a-s0" in c for c in doc["commands"]) and any("b-s0" in c for c in doc["commands"])
+
+    doc["runs"][0]["metrics"] = {"bbox/AP": "high"}  # a damaged stored run: exit 2 naming the entry
+    out.write_text(json.dumps(doc))
+    assert main([*argv, "--keep-runs", "--from-runs", str(tmp_path / "b-s1")]) == 2
+    assert '"runs"[0]' in capsys.readouterr().err
+    missing = ["--recipe", "ci", "--write-baseline", "--baseline", str(tmp_path / "none.json"), "--keep-runs"]
+    assert main([*missing, "--from-runs", str(tmp_path / "b-s1")]) == 2  # nothing to keep: said, not a new file
+    assert "not found" in capsys.readouterr().err and not (tmp_path / "none.json").exists()
+
+
 def test_missing_checkpoint_is_a_clear_error(tmp_path, capsys):
     baseline = write_baseline(tmp_path / "b.json")
     missing = tmp_path / "nope" / "checkpoint_0000010.pt"

@@ -281,6 +281,29 @@ class BaselineRun:
         return host_kind(self.host)
 
 
+def baseline_runs(path: str | Path, recipe: str) -> list[BaselineRun]:
+    """The runs a baseline file of ``recipe`` rests on, as written there (seed, host record, metrics).
+
+    A baseline can then grow by new seeds or kinds without the old run folders, which a fresh clone
+    does not have.
+
+    Raises:
+        BaselineError: the file does not load as a baseline of ``recipe`` (:func:`load_baseline`), or a
+            run entry lacks an integer seed, a host object or a number for each gated metric.
+    """
+    load_baseline(path, recipe)
+    runs = []
+    for i, entry in enumerate(read_json(path, "an accuracy baseline", dict).get("runs") or []):
+        seed = entry.get("seed") if isinstance(entry, dict) else None
+        host, metrics = (entry.get(k) if isinstance(entry, dict) else None for k in ("host", "metrics"))
+        if (not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(host, dict)
+                or not isinstance(metrics, dict) or not all(_is_number(metrics.get(m)) for m in GATED_METRICS)):
+            raise BaselineError(f'baseline {path}: "runs"[{i}] needs an integer "seed", a "host" object and '
+                                f'"metrics" with {" and ".join(GATED_METRICS)}')
+        runs.append(BaselineRun(seed, host, metrics))
+    return runs
+
+
 def baseline_from_runs(
     recipe: str,
     runs: Sequence[BaselineRun],

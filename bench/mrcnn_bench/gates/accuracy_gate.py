@@ -14,6 +14,7 @@ Command line::
     mrcnn-bench accuracy-gate [--recipe ci] [--checkpoint PATH] [--baseline baselines/accuracy/ci.json]
                               [--seed 0] [--inject-fault box_coder|mask_shift]
     mrcnn-bench accuracy-gate --recipe ci --write-baseline --from-runs out/ci-s0 out/ci-s1 out/ci-s2
+    mrcnn-bench accuracy-gate --recipe ci --write-baseline --keep-runs --from-runs out/ci-s10 out/ci-s11
     mrcnn-bench accuracy-gate --recipe ci --write-baseline --seeds 0 1 2 3 4 5 6 7 8 9    # trains the seeds first
 """
 
@@ -41,7 +42,7 @@ from mrcnn.progress import add_progress_flag
 from mrcnn.recipes import get_recipe
 from mrcnn_bench.base import timing
 from mrcnn_bench.base.errors import UsageError
-from mrcnn_bench.base.files import atomic_write
+from mrcnn_bench.base.files import atomic_write, read_json
 from mrcnn_bench.gates.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
@@ -49,6 +50,7 @@ from mrcnn_bench.gates.accuracy_baseline import (
     ISA_ENV,
     BaselineRun,
     baseline_from_runs,
+    baseline_runs,
     compare_to_baseline,
     default_baseline_path,
     final_metrics,
@@ -228,6 +230,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument(
         "--from-runs", nargs="*", type=Path, default=None, help="finished run folders, each named <anything>-s<seed>"
     )
+    group.add_argument(
+        "--keep-runs", action="store_true",
+        help="keep the runs the baseline file already holds and add these (a new run of the same seed and "
+             "host kind replaces the stored one)",
+    )
     seeds = " ".join(map(str, DEFAULT_SEEDS))
     group.add_argument(
         "--seeds", nargs="*", type=bounded(int, 0, SEED_MAX), default=None,
@@ -260,6 +267,8 @@ def _train_command(recipe: str, seed: int, out: Path, host: dict[str, Any]) -> s
 def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     runs: list[BaselineRun] = []
     commands = []
+    # Read (and so checked) before any training: a baseline that cannot be kept stops the command first.
+    stored = baseline_runs(baseline_path, args.recipe) if args.keep_runs else []
     if args.from_runs:
         for run_dir in args.from_runs:
             seed = _run_seed(run_dir)
@@ -276,6 +285,11 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
             train_recipe(args.recipe, out, seed=seed, data_base=args.data, progress=not args.no_progress)
             runs.append(BaselineRun(seed, host, final_metrics(out)))
             commands.append(f"mrcnn train --recipe {args.recipe} --seed {seed} --out {out}")
+    if args.keep_runs:
+        new = {(r.kind, r.seed) for r in runs}
+        runs = sorted([r for r in stored if (r.kind, r.seed) not in new] + runs, key=lambda r: (r.kind, r.seed))
+        old = read_json(baseline_path, "an accuracy baseline", dict).get("commands")
+        commands = [c for c in old if isinstance(c, str)] + commands if isinstance(old, list) else commands
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
     baseline_path.parent.mkdir(parents=True, exist_ok=True)

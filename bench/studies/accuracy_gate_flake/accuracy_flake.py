@@ -3,7 +3,7 @@
     python bench/studies/accuracy_gate_flake/accuracy_flake.py train [--seeds 0-9] [--isa AVX2] [--parallel 2]
         [--out out/acc10]
     python bench/studies/accuracy_gate_flake/accuracy_flake.py summary [--out out/acc10] [--extra DIR ...]
-        [--results results/accuracy] [--baseline baselines/accuracy/ci.json]
+        [--stored-runs] [--results results/accuracy] [--baseline baselines/accuracy/ci.json]
 
 ``train`` runs ``mrcnn train --recipe ci --seed S --threads 1`` for each seed whose run folder has no
 evaluation at the recipe's last step yet, ``--parallel`` at a time (one thread each, as the gate
@@ -13,8 +13,9 @@ Folders: ``OUT/ci-sS``, or ``OUT/ci~avx2-sS`` under ``--isa AVX2``. Rerun it aft
 and it starts only what is missing (a run cut short starts over: its folder is emptied).
 
 ``summary`` reads every finished run under ``--out`` (and the ``--extra`` folders: runs of other
-hosts, each with its ``host.json``), groups them by host kind, and writes ``RESULTS/flake.md`` and
-``RESULTS/flake.json``: per metric the tolerance of the baseline rule
+hosts, each with its ``host.json``), with ``--stored-runs`` also the runs the baseline file holds
+(those whose folders are gone: a folder of the same kind and seed wins), groups them by host kind,
+and writes ``RESULTS/flake.md`` and ``RESULTS/flake.json``: per metric the tolerance of the baseline rule
 (:func:`~mrcnn_bench.gates.accuracy_baseline.tolerance_across_kinds`) and of the committed baseline,
 and per kind the gate's two error rates "fail when a CI run's AP < mean - tol":
 
@@ -55,6 +56,7 @@ from mrcnn_bench.gates.accuracy_baseline import (
     FALSE_FAIL_TARGET,
     GATED_METRICS,
     ISA_ENV,
+    baseline_runs,
     default_baseline_path,
     final_metrics,
     host_kind,
@@ -117,7 +119,7 @@ def collect(folders: list[Path]) -> dict[str, dict[int, dict[str, float]]]:
     another schedule: both are left out.
     """
     kinds: dict[str, dict[int, dict[str, float]]] = {}
-    for base in folders:
+    for base in (f for f in folders if f.is_dir()):
         for folder in sorted(p for p in base.iterdir() if p.is_dir()):
             named = run_name_seed(folder)
             if named is None or "@" in named[0]:
@@ -159,11 +161,15 @@ def paired(kinds: dict[str, dict[int, dict[str, float]]], name: str) -> list[dic
 
 def cmd_summary(args: argparse.Namespace) -> int:
     kinds = collect([args.out, *args.extra])
+    baseline_path = args.baseline or default_baseline_path(RECIPE)
+    if args.stored_runs:
+        for run in baseline_runs(baseline_path, RECIPE):
+            kinds.setdefault(run.kind, {}).setdefault(run.seed, run.metrics)
     total = sum(len(v) for v in kinds.values())
     if total < 3:
         print(f"only {total} finished runs with a host record in {args.out}: need 3 or more", file=sys.stderr)
         return 2
-    committed = load_baseline(args.baseline or default_baseline_path(RECIPE), RECIPE)
+    committed = load_baseline(baseline_path, RECIPE)
     report: dict = {"recipe": RECIPE, "kinds": {k: sorted(v) for k, v in kinds.items()}, "per_metric": {}}
     lines = [f"# The accuracy gate's error rates per host kind ({RECIPE} recipe, {total} runs)", "",
              "`python bench/studies/accuracy_gate_flake/accuracy_flake.py summary`. A CI run on a kind is one more",
@@ -220,6 +226,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("out/acc10"))
     parser.add_argument("--extra", type=Path, nargs="*", default=[],
                         help="summary: more folders of finished runs (other hosts'), each run with its host.json")
+    parser.add_argument("--stored-runs", action="store_true",
+                        help="summary: also the runs the baseline file holds whose folders are not here")
     parser.add_argument("--results", type=Path, default=Path("results/accuracy"),
                         help="where flake.md and flake.json go (default: %(default)s, the evidence)")
     parser.add_argument("--baseline", type=Path, default=None,
