@@ -7,6 +7,7 @@ No training here: the gate's multi-minute CI run is a separate job (see results/
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,8 +26,10 @@ from mrcnn_bench.gates.accuracy_baseline import (
     BaselineRun,
     MetricBaseline,
     baseline_from_runs,
+    baseline_runs,
     compare_to_baseline,
     default_baseline_path,
+    false_fail_upper_bound,
     final_metrics,
     host_kind,
     kind_tolerance,
@@ -108,6 +111,21 @@ def test_committed_baseline_matches_the_recipe():
     assert json.loads(json.dumps(get_recipe("ci").as_dict())) == stored
 
 
+def test_committed_baseline_is_the_tolerance_rule_over_its_runs():
+    """A change to the rule (or a hand edit of the file) without rewriting the baseline fails here:
+    `accuracy-gate --write-baseline --keep-runs --from-runs` rewrites it from its stored runs."""
+    path = REPO / "baselines" / "accuracy" / "ci.json"
+    runs = baseline_runs(path, "ci")
+    doc = json.loads(path.read_text())
+    for name, base in load_baseline(path, "ci").items():
+        by_kind: dict[str, list[float]] = {}
+        for run in runs:
+            by_kind.setdefault(run.kind, []).append(run.metrics[name])
+        assert base.mean == pytest.approx(statistics.fmean(v for vs in by_kind.values() for v in vs))
+        assert base.tolerance == pytest.approx(tolerance_across_kinds(by_kind))
+        assert doc["metrics"][name]["per_kind"].keys() == by_kind.keys()
+
+
 def test_default_baseline_is_found_from_the_working_directory(tmp_path, monkeypatch, capsys):
     """--baseline, else $MRCNN_BASELINES_DIR/accuracy/<recipe>.json, else ./baselines/accuracy/<recipe>.json."""
     monkeypatch.delenv("MRCNN_BASELINES_DIR", raising=False)
@@ -170,19 +188,42 @@ def test_the_tolerance_gives_each_kind_its_room_for_a_one_percent_false_fail():
     from scipy import stats
 
     same = {"a": [0.50, 0.51, 0.52], "b": [0.50, 0.51, 0.52]}
+    point = {"bound": None}  # the 1% point estimate's room alone (the bound's is the next test's)
     assert tolerance_across_kinds(same, k=3, floor=0.0) == pytest.approx(kind_tolerance(0.51, same["a"]))
     room = stats.t.ppf(0.99, 2) * 0.01 * (1 + 1 / 3) ** 0.5  # t predictive, sd 0.01 over 3 runs
-    assert kind_tolerance(0.51, same["a"]) == pytest.approx(room)
+    assert kind_tolerance(0.51, same["a"], **point) == pytest.approx(room)
     low = {"a": [0.50, 0.51, 0.52], "b": [0.44, 0.45, 0.46]}  # b's level 0.03 below the pooled mean 0.48
-    assert tolerance_across_kinds(low, k=0, floor=0.0) == pytest.approx(0.03 + room)
+    assert tolerance_across_kinds(low, k=0, floor=0.0, **point) == pytest.approx(0.03 + room)
     # With the kinds the same, the false fail of one more run of either at that tolerance is 1%.
-    tol = tolerance_across_kinds(same, k=0, floor=0.0)
+    tol = tolerance_across_kinds(same, k=0, floor=0.0, **point)
     assert stats.t.cdf(-tol / (0.01 * (1 + 1 / 3) ** 0.5), 2) == pytest.approx(0.01)
     one = {"a": [0.50, 0.51, 0.52], "b": [0.2]}
     assert tolerance_across_kinds(one, k=3, floor=0.0) >= 3 * tolerance_from_spread([0.50, 0.51, 0.52, 0.2], 1, 0)
     assert tolerance_across_kinds({"a": [0.5, 0.5]}, k=3, floor=0.04) == 0.04  # two runs: no room of its own
     with pytest.raises(ValueError, match="at least 2"):
         kind_tolerance(0.5, [0.5])
+
+
+@pytest.mark.parametrize("n", [3, 10, 20, 200])
+def test_the_tolerance_holds_the_false_fails_upper_bound_at_five_percent(n):
+    """Few runs: the bound's room sets the tolerance, and the upper 95% bound at the threshold is 5%
+    exactly; many runs: the 1% point estimate's room does, and the bound lies below 5%."""
+    from scipy import stats
+
+    values = [0.5 + 0.01 * float(stats.norm.ppf((i + 0.5) / n)) for i in range(n)]
+    mean = sum(values) / n
+    tol = tolerance_across_kinds({"a": values}, k=0, floor=0.0)
+    assert tol == pytest.approx(kind_tolerance(mean, values))
+    bound = false_fail_upper_bound(values, mean - tol)
+    point = kind_tolerance(mean, values, bound=None)
+    if tol > point:
+        assert bound == pytest.approx(0.05)
+    else:
+        assert tol == pytest.approx(point) and bound < 0.05
+    assert (tol > point) == (n <= 20)  # the bound sets it at 20 runs and fewer; at 200 the point estimate
+    # The bound is a bound: it lies above the point estimate, and falls as the threshold does.
+    assert bound > stats.t.cdf(-tol / (statistics.stdev(values) * (1 + 1 / n) ** 0.5), n - 1)
+    assert false_fail_upper_bound(values, mean - 2 * tol) < bound
 
 
 def test_baseline_written_from_runs_keeps_each_run_with_its_host_kind(tmp_path):
@@ -261,6 +302,14 @@ def test_write_baseline_keeps_the_stored_runs_and_replaces_a_rerun_seed(tmp_path
     out.write_text(json.dumps(doc))
     assert main([*argv, "--keep-runs", "--from-runs", str(tmp_path / "b-s1")]) == 2
     assert '"runs"[0]' in capsys.readouterr().err
+    doc["runs"][0]["metrics"] = {"bbox/AP": 0.2, "segm/AP": 0.1}
+    out.write_text(json.dumps(doc | {"metrics": {}}))  # the stored runs alone, under the rule as it is now
+    assert main([*argv, "--keep-runs", "--from-runs"]) == 2  # ...but the file must load as a baseline first
+    out.write_text(json.dumps(doc))
+    assert main([*argv, "--keep-runs", "--from-runs"]) == 0
+    assert len(json.loads(out.read_text())["runs"]) == 3
+    assert main([*argv, "--from-runs"]) == 2  # no runs at all: said
+    assert "at least 2 runs" in capsys.readouterr().err
     missing = ["--recipe", "ci", "--write-baseline", "--baseline", str(tmp_path / "none.json"), "--keep-runs"]
     assert main([*missing, "--from-runs", str(tmp_path / "b-s1")]) == 2  # nothing to keep: said, not a new file
     assert "not found" in capsys.readouterr().err and not (tmp_path / "none.json").exists()

@@ -269,7 +269,7 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
     commands = []
     # Read (and so checked) before any training: a baseline that cannot be kept stops the command first.
     stored = baseline_runs(baseline_path, args.recipe) if args.keep_runs else []
-    if args.from_runs:
+    if args.from_runs is not None:  # none given, with --keep-runs: the stored runs under the rule as it is now
         for run_dir in args.from_runs:
             seed = _run_seed(run_dir)
             # A folder the studies trained records its host; any other was trained here, as far as we know.
@@ -290,6 +290,8 @@ def _write_baseline(args: argparse.Namespace, baseline_path: Path) -> int:
         runs = sorted([r for r in stored if (r.kind, r.seed) not in new] + runs, key=lambda r: (r.kind, r.seed))
         old = read_json(baseline_path, "an accuracy baseline", dict).get("commands")
         commands = [c for c in old if isinstance(c, str)] + commands if isinstance(old, list) else commands
+    if len(runs) < 2:
+        raise UsageError(f"a baseline needs the metrics of at least 2 runs, got {len(runs)}")
     commands.append(shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]))  # the command that wrote this file
     doc = baseline_from_runs(args.recipe, runs, k=args.k_std, floor=args.floor, commands=commands, notes=args.notes)
     baseline_path.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,9 @@ and per kind the gate's two error rates "fail when a CI run's AP < mean - tol":
 - false fail: an unchanged model's CI run on kind k is one more draw from that kind's runs, whose
   mean m and sd s are estimated from its n runs, so ``(x - m) / (s * sqrt(1 + 1/n))`` follows
   Student's t with n - 1 degrees of freedom: P(fail) = t_cdf((threshold - m) / (s * sqrt(1 + 1/n))).
-  Its upper 95% bound takes the kind's true mean at its lower 97.5% bound and its true sd at its
-  upper 97.5% bound (the chi-square interval) together, so the pair is covered at 95% or more;
+  Its upper 95% bound (:func:`~mrcnn_bench.gates.accuracy_baseline.false_fail_upper_bound`) takes the
+  kind's true mean at its lower 97.5% bound and its true sd at its upper 97.5% bound (the chi-square
+  interval) together, so the pair is covered at 95% or more;
 - the smallest reliably caught drop: the drop d of the kind's true AP at which a CI run fails with
   probability 0.95: d = (m - threshold) + t_0.95 * s * sqrt(1 + 1/n).
 
@@ -53,11 +54,13 @@ from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.gates.accuracy_baseline import (
     DEFAULT_FLOOR,
     DEFAULT_K_STD,
+    FALSE_FAIL_BOUND,
     FALSE_FAIL_TARGET,
     GATED_METRICS,
     ISA_ENV,
     baseline_runs,
     default_baseline_path,
+    false_fail_upper_bound,
     final_metrics,
     host_kind,
     host_record,
@@ -135,12 +138,10 @@ def kind_rates(values: list[float], threshold: float) -> dict[str, float | list[
     """The false-fail rate of one kind's runs at ``threshold``, its upper 95% bound, and the caught drop."""
     n, m, s = len(values), statistics.fmean(values), statistics.stdev(values)
     scale = s * math.sqrt(1 + 1 / n)
-    mean_lo = m - float(stats.t.ppf(0.975, n - 1)) * s / math.sqrt(n)
-    sd_hi = s * math.sqrt((n - 1) / float(stats.chi2.ppf(0.025, n - 1)))
     return {"runs": n, "mean": m, "std": s, "min": min(values), "max": max(values),
             "shapiro_p": float(stats.shapiro(values).pvalue) if n >= 3 else float("nan"),
             "false_fail": float(stats.t.cdf((threshold - m) / scale, n - 1)),
-            "false_fail_upper95": float(stats.norm.cdf((threshold - mean_lo) / sd_hi)),
+            "false_fail_upper95": false_fail_upper_bound(values, threshold),
             "caught_drop_95": (m - threshold) + float(stats.t.ppf(0.95, n - 1)) * scale}
 
 
@@ -188,7 +189,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
         lines += ["", f"## {name}", "",
                   f"All {len(everything)} runs: mean {mean:.4f}, sd {entry['std']:.4f}. The rule's tolerance "
                   f"(max of {DEFAULT_FLOOR:g}, {DEFAULT_K_STD:g} sd of all runs, each kind's room for a "
-                  f"{FALSE_FAIL_TARGET:.0%} false fail): {rule:.4f}.", "",
+                  f"{FALSE_FAIL_TARGET:.0%} false fail with an upper 95% bound of {FALSE_FAIL_BOUND:.0%}): "
+                  f"{rule:.4f}.", "",
                   "| setting | threshold | kind | runs | mean | sd | min | max | Shapiro-Wilk p | false fail "
                   "| upper 95% | drop caught 95% |", "|" + " --- |" * 12]
         for label, (base_mean, tol) in settings.items():
