@@ -197,6 +197,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "calibrate":
         calibrate(args.out, args.fraction, args.runs)
+        if not read_trials(trials_file(args.out)):  # nothing to summarize yet: calibrate did its job
+            return 0
     if args.what == "run":
         run(args.out, args.trials)
     return summary(args.out)
