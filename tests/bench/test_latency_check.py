@@ -180,13 +180,40 @@ def test_trials_size_the_injection_from_the_excess_the_check_measured():
     """The study injects what the check sees as 10%: from checks at one fraction, in proportion
     (0.1 read as 15% gives 0.067); from checks at several, on the line through them (an intercept:
     small strips cost more than their share); a calibration that saw no slowdown is refused."""
-    from studies.latency_check import trials
+    from studies.slowdown_calibration import calibrated_fraction
 
-    assert trials.calibrated_fraction([(0.1, 1.15)] * 3) == pytest.approx(0.1 * 0.1 / 0.15, abs=5e-4)
-    assert trials.calibrated_fraction([(0.1, 1.11), (0.1, 1.29)]) == pytest.approx(0.05)  # mean excess 0.2
+    assert calibrated_fraction([(0.1, 1.15)] * 3, 0.1) == pytest.approx(0.1 * 0.1 / 0.15, abs=5e-4)
+    assert calibrated_fraction([(0.1, 1.11), (0.1, 1.29)], 0.1) == pytest.approx(0.05)  # mean excess 0.2
     line = [(0.05, 1.08), (0.05, 1.08), (0.1, 1.13)]  # excess = 0.03 + 1.0 x fraction
-    assert trials.calibrated_fraction(line) == pytest.approx(0.07)
+    assert calibrated_fraction(line, 0.1) == pytest.approx(0.07)
     with pytest.raises(ValueError, match="no slowdown"):
-        trials.calibrated_fraction([(0.1, 0.99), (0.1, 1.0)])
+        calibrated_fraction([(0.1, 0.99), (0.1, 1.0)], 0.1)
     with pytest.raises(ValueError, match="no fraction"):
-        trials.calibrated_fraction([(0.05, 1.12), (0.1, 1.13)])  # 10% lies below the line's intercept
+        calibrated_fraction([(0.05, 1.12), (0.1, 1.13)], 0.1)  # 10% lies below the line's intercept
+
+
+def test_the_compare_teeth_inject_what_the_compare_measures_and_keep_their_calibration(tmp_path, monkeypatch):
+    """compare_pairs/teeth.py: slowed kinds refuse to run before a calibration; calibrating at one
+    fraction gives each kind its share of the measured excess; once slowed trials exist the calibration
+    they ran with cannot change."""
+    from studies.compare_pairs import teeth
+
+    calls = []
+
+    def fake_trial(kind, case, fraction=0.0):
+        calls.append((kind, fraction))
+        return {"kind": kind, "case": case, "injected": fraction, "flagged": fraction > 0, "seconds": 1.0,
+                "ratio": 1.0 + 2.0 * fraction, "ci95": "-", "process_sd": 0.0, "round_sd": 0.1}
+
+    monkeypatch.setattr(teeth, "one_trial", fake_trial)
+    case = "static/eager"
+    with pytest.raises(SystemExit, match="run `calibrate` first"):
+        teeth.run(tmp_path, "slow03", 1, case)
+    teeth.calibrate(tmp_path, case, 0.03, 2)  # read as 6%: each kind injects half its target
+    assert calls == [("calibration", 0.03)] * 2
+    fractions = json.loads((teeth.trials_file(tmp_path).with_name("calibration.json")).read_text())[case]["fractions"]
+    assert fractions == {"slow02": 0.01, "slow03": 0.015, "slow05": 0.025}
+    teeth.run(tmp_path, "slow03", 2, case)
+    assert calls[2:] == [("slow03", 0.015)] * 2
+    with pytest.raises(SystemExit, match="stays as it is"):
+        teeth.calibrate(tmp_path, case, 0.05, 2)

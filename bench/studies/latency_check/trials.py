@@ -8,16 +8,16 @@ Each trial is one ``mrcnn-bench latency-check --against HEAD --cases static/eage
 defaults: ``aa`` on the unchanged commit, ``slow10`` with ``--inject-slowdown F`` on the working
 tree's side. ``--inject-slowdown`` sizes its extra work from an assumed share of the call
 (:data:`mrcnn_bench.running.slowdown.BODY_SHARE`), so its nominal fraction is not the slowdown the
-check sees: ``calibrate`` runs checks at a fraction (``OUT/<host>/calibration.jsonl``, resumable) and
-fixes F, the fraction the check measures as 10% on the line through every check so far
-(:func:`calibrated_fraction`), in ``calibration.json`` before any slow10 trial; ``run`` refuses to
-start without it. Run it from a checkout nobody edits (a ``git worktree`` of the commit under
-study): the check compares that checkout with its own HEAD. The kinds alternate, so that a stop
-leaves them balanced; trials append to ``OUT/<host>/trials.jsonl`` (resumable: ``run`` adds trials
-until each kind has ``--trials``); ``summary`` writes ``OUT/<host>/summary.md``: the calibration,
-and per kind the goal, flagged / trials with its two-sided 95% Clopper-Pearson interval, the exit
-codes, the mean measured ratio with its t-interval across trials, and the check's minutes (median
-and largest).
+check sees: ``calibrate`` runs checks at a fraction (``OUT/<host>/calibration.jsonl``, resumable)
+and fixes F, the fraction the check measures as 10% on the line through every check so far
+(:func:`studies.slowdown_calibration.calibrated_fraction`), in ``calibration.json`` before any
+slow10 trial; ``run`` refuses to start without it. Run it from a checkout nobody edits (a ``git
+worktree`` of the commit under study): the check compares that checkout with its own HEAD. The kinds
+alternate, so that a stop leaves them balanced; trials append to ``OUT/<host>/trials.jsonl``
+(resumable: ``run`` adds trials until each kind has ``--trials``); ``summary`` writes
+``OUT/<host>/summary.md``: the calibration, and per kind the goal, flagged / trials with its
+two-sided 95% Clopper-Pearson interval, the exit codes, the mean measured ratio with its t-interval
+across trials, and the check's minutes (median and largest).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from scipy import stats
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
 from studies.compare_pairs.teeth import read_trials, trials_file  # one trials file per host, one line per trial
+from studies.slowdown_calibration import calibrated_fraction
 
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.files import atomic_write
@@ -71,29 +72,6 @@ def one_trial(kind: str, fraction: float) -> dict:
             "pairs": doc["pairs"], "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
 
 
-def calibrated_fraction(checks: list[tuple[float, float]], target: float = TARGET) -> float:
-    """The ``--inject-slowdown`` fraction the check measures as ``target``, from (fraction, ratio) checks.
-
-    The measured excess (ratio - 1) is fitted as a line in the fraction asked for, by least squares:
-    through the origin when every check used one fraction (their mean excess over it), else with an
-    intercept, since the extra work over a few rows of the canvas costs more than its share of rows
-    (padding and per-operator costs). The fraction is the line's solution for ``target``.
-    """
-    f = np.array([c[0] for c in checks], dtype=float)
-    excess = np.array([c[1] for c in checks], dtype=float) - 1.0
-    if len(set(f.tolist())) == 1:
-        slope, intercept = float(excess.mean() / f[0]), 0.0
-    else:
-        slope, intercept = (float(v) for v in np.polyfit(f, excess, 1))
-    if slope <= 0:
-        raise ValueError("the checks measured no slowdown growing with the fraction injected "
-                         f"(excess = {intercept:.3f} + {slope:.3f} x fraction)")
-    fraction = (target - intercept) / slope
-    if not 0 < fraction < 1:
-        raise ValueError(f"no fraction in (0, 1) gives {target:.0%}: excess = {intercept:.3f} + {slope:.3f} x fraction")
-    return round(fraction, 3)
-
-
 def _calibration_file(out: Path) -> Path:
     """``OUT/<host>/calibration.json``: F and the checks it came from (their lines: ``.jsonl``)."""
     return trials_file(out).with_name("calibration.json")
@@ -119,7 +97,7 @@ def calibrate(out: Path, fraction: float, runs: int) -> None:
               flush=True)
     checks = [(c["injected"], c["ratio"]) for c in read_trials(path)]
     doc = {"target": TARGET, "checks": [{"injected": f, "ratio": r} for f, r in checks],
-           "fraction": calibrated_fraction(checks)}
+           "fraction": calibrated_fraction(checks, TARGET)}
     atomic_write(_calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(checks)} checks)")
 
