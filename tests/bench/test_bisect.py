@@ -100,3 +100,41 @@ def test_the_command_names_the_commit_and_writes_every_verdict(tmp_path, monkeyp
 def test_refs_that_make_no_line_are_refused_in_one_line(good, bad, match):
     with pytest.raises(UsageError, match=match):
         bisect.commits_between(good, bad)
+
+
+def test_the_bisect_study_breaks_one_commit_of_a_copy_of_the_steps_range(tmp_path):
+    """bisect_teeth: asv-steps-skip is the steps range with one commit whose mrcnn cannot be imported
+    and its repair inserted; every other commit keeps its tree, and the bisects expect the range's
+    slowdowns (the second starting from the first)."""
+    import subprocess
+
+    from studies.bisect_teeth import bisect_on_range as study
+
+    from mrcnn_bench.history.scratch_commits import STEPS
+    from mrcnn_bench.history.scratch_range import Git, create
+
+    if vcs.run(store.REPO, "cat-file", "-e", f"{STEPS.base}^{{commit}}", check=False).returncode != 0:
+        pytest.skip(f"the steps range's base {STEPS.base[:10]} is not in this clone (shallow?)")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "clone", "--no-checkout", "--shared", "--quiet", str(store.REPO), str(repo)], check=True)
+    git = Git(repo)
+    steps = create(repo, STEPS)
+    line = study.build_skip_range(git, steps)
+    assert len(line) == len(steps) + 2 and git.run("rev-parse", study.SKIP_BRANCH).strip() == line[-1]["hash"]
+    tree = lambda c: git.run("rev-parse", f"{c}^{{tree}}").strip()  # noqa: E731
+    broken, repair = line[study.SKIP_AFTER], line[study.SKIP_AFTER + 1]
+    anchor = steps[study.SKIP_AFTER - 1]["hash"]
+    assert git.run("diff", "--name-only", anchor, broken["hash"]).split() == [study.BROKEN]
+    assert study.BROKEN_LINE in git.run("show", f"{broken['hash']}:{study.BROKEN}")
+    assert tree(repair["hash"]) == tree(anchor)
+    copies = line[:study.SKIP_AFTER] + line[study.SKIP_AFTER + 2:]
+    assert [tree(c["hash"]) for c in copies] == [tree(c["hash"]) for c in steps]
+    assert [c["kind"] for c in copies] == [c["kind"] for c in steps]
+    count = git.run("rev-list", "--first-parent", "--count", f"{STEPS.base}..{study.SKIP_BRANCH}")
+    assert int(count) == len(line)
+    plan = study.bisects(steps, line)
+    slow = [c["hash"] for c in steps if c["kind"] == "slowdown"]
+    assert plan["first"]["expected"] == slow[0]
+    assert (plan["second"]["good"], plan["second"]["expected"]) == (slow[0], slow[1])
+    assert plan["skip"]["broken"] == broken["hash"] and plan["skip"]["bad"] == line[-1]["hash"]
+    assert plan["skip"]["expected"] == next(c["hash"] for c in line if c["kind"] == "slowdown")
