@@ -132,6 +132,9 @@ def test_the_bisect_study_breaks_one_commit_of_a_copy_of_the_steps_range(tmp_pat
     assert [c["kind"] for c in copies] == [c["kind"] for c in steps]
     count = git.run("rev-list", "--first-parent", "--count", f"{STEPS.base}..{study.SKIP_BRANCH}")
     assert int(count) == len(line)
+    seen: list[str] = []
+    bisect.search([c["hash"] for c in line], lambda c: seen.append(c) or c != broken["hash"] or None)
+    assert seen[:2] == [line[-1]["hash"], broken["hash"]], "the search must meet the broken commit first"
     plan = study.bisects(steps, line)
     slow = [c["hash"] for c in steps if c["kind"] == "slowdown"]
     assert plan["first"]["expected"] == slow[0]

@@ -6,14 +6,14 @@
 ``run`` builds the steps range (``mrcnn-bench asv scratch --range steps``: branch ``asv-steps``, 29
 commits on main's 70c91c7, a 3% slowdown in the backbone at commit 12 and a 5% one in the mask head
 at commit 24, the rest no-ops) and a copy of it, branch ``asv-steps-skip``, with two commits
-inserted after commit 7: one whose ``mrcnn`` cannot be imported, then one that restores it (the
+inserted after commit 14: one whose ``mrcnn`` cannot be imported, then one that restores it (the
 rest of the range re-parented, trees unchanged). Then three bisects, each ``mrcnn-bench bisect GOOD
 BAD --cases static/eager`` with the defaults, from the range's ends:
 
 - ``first``: the base to the tip; the first slow commit is 12;
 - ``second``: commit 12 to the tip, so that the first slower than GOOD is 24;
-- ``skip``: the base to the tip of ``asv-steps-skip``; 12's copy, the broken commit skipped and
-  named if the search meets it.
+- ``skip``: the base to the tip of ``asv-steps-skip``; 12's copy, the broken commit (the first the
+  search measures after BAD) skipped and named.
 
 Each bisect's record (``bisect --out``) goes to ``DIR/<name>.json`` with its exit status and wall
 time (resumable: a bisect with its file is not run again). Run it from a checkout nobody edits (a
@@ -40,7 +40,9 @@ from mrcnn_bench.history.scratch_range import Git, commit_env, create
 REPO = Path(__file__).resolve().parents[3]
 CASE = "static/eager"
 SKIP_BRANCH = "asv-steps-skip"
-SKIP_AFTER = 7  # 1-based: the broken commit follows this one, where the first search looks early
+# The broken commit follows commit 14: in the copy's 31 commits it is the one the search measures
+# first after BAD (the nearest the middle), so the skip is met whichever way the verdicts go.
+SKIP_AFTER = 14
 BROKEN = "mrcnn/__init__.py"
 BROKEN_LINE = 'raise ImportError("this commit cannot be imported, on purpose: the bisect must skip it")\n'
 
@@ -61,9 +63,9 @@ def build_skip_range(git: Git, steps: list[dict[str, str]]) -> list[dict[str, st
         blob = git.run("hash-object", "-w", "--stdin", input=(content + BROKEN_LINE).encode()).strip()
         git.run("update-index", "--cacheinfo", f"100644,{blob},{BROKEN}", env=index)
         broken_tree = git.run("write-tree", env=index).strip()
-    broken = _commit(git, broken_tree, anchor, "bisect skip: mrcnn cannot be imported here", 40)
+    broken = _commit(git, broken_tree, anchor, "bisect skip: mrcnn cannot be imported here", SKIP_AFTER)
     repair = _commit(git, git.run("rev-parse", f"{anchor}^{{tree}}").strip(), broken,
-                     "bisect skip: mrcnn imports again", 41)
+                     "bisect skip: mrcnn imports again", SKIP_AFTER + 1)
     line = [*steps[:SKIP_AFTER], {"hash": broken, "kind": "broken", "subject": "mrcnn cannot be imported"},
             {"hash": repair, "kind": "noop", "subject": "mrcnn imports again"}]
     parent = repair
