@@ -152,7 +152,8 @@ def summary(out: Path) -> int:
              f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}), B with the injected slowdown.", ""]
     for case, calibration in _calibration(out).items():
         measured = ", ".join(f"{c['ratio']:.4f} at {c['injected']}" for c in calibration["checks"])
-        chosen = ", ".join(f"{kind} {f}" for kind, f in calibration["fractions"].items())
+        chosen = (", ".join(f"{kind} {f}" for kind, f in calibration["fractions"].items())
+                  or "none (the line's intercept, the hook's fixed cost, lies above every kind's slowdown)")
         lines += [f"Calibration of {case}: {len(calibration['checks'])} compares with `--inject-slowdown` read B/A "
                   f"{measured}; the fraction each kind injects: {chosen}.", ""]
     lines += [
