@@ -119,7 +119,7 @@ def test_the_bisect_study_breaks_one_commit_of_a_copy_of_the_steps_range(tmp_pat
     subprocess.run(["git", "clone", "--no-checkout", "--shared", "--quiet", str(store.REPO), str(repo)], check=True)
     git = Git(repo)
     steps = create(repo, STEPS)
-    line = study.build_skip_range(git, steps)
+    line = create(repo, study.SKIP)
     assert len(line) == len(steps) + 2 and git.run("rev-parse", study.SKIP_BRANCH).strip() == line[-1]["hash"]
     tree = lambda c: git.run("rev-parse", f"{c}^{{tree}}").strip()  # noqa: E731
     broken, repair = line[study.SKIP_AFTER], line[study.SKIP_AFTER + 1]

@@ -34,8 +34,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
 from mrcnn_bench.base.files import atomic_write
-from mrcnn_bench.history.scratch_commits import STEPS
-from mrcnn_bench.history.scratch_range import Git, commit_env, create
+from mrcnn_bench.history.scratch_commits import STEPS, Append, Replace, ScratchCommit, ScratchRange
+from mrcnn_bench.history.scratch_range import create
 
 REPO = Path(__file__).resolve().parents[3]
 CASE = "static/eager"
@@ -45,37 +45,15 @@ SKIP_BRANCH = "asv-steps-skip"
 SKIP_AFTER = 14
 BROKEN = "mrcnn/__init__.py"
 BROKEN_LINE = 'raise ImportError("this commit cannot be imported, on purpose: the bisect must skip it")\n'
-
-
-def _commit(git: Git, tree: str, parent: str, message: str, minute: int) -> str:
-    env = commit_env(minute, STEPS)
-    return git.run("commit-tree", "--no-gpg-sign", tree, "-p", parent, "-m", message, env=env).strip()
-
-
-def build_skip_range(git: Git, steps: list[dict[str, str]]) -> list[dict[str, str]]:
-    """``asv-steps-skip``: the steps range with a broken commit and its repair after commit
-    :data:`SKIP_AFTER`; the later commits keep their trees and messages on the new parents."""
-    anchor = steps[SKIP_AFTER - 1]["hash"]
-    content = git.run("show", f"{anchor}:{BROKEN}")
-    with tempfile.TemporaryDirectory(prefix="bisect-skip-index-") as tmp:
-        index = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
-        git.run("read-tree", anchor, env=index)
-        blob = git.run("hash-object", "-w", "--stdin", input=(content + BROKEN_LINE).encode()).strip()
-        git.run("update-index", "--cacheinfo", f"100644,{blob},{BROKEN}", env=index)
-        broken_tree = git.run("write-tree", env=index).strip()
-    broken = _commit(git, broken_tree, anchor, "bisect skip: mrcnn cannot be imported here", SKIP_AFTER)
-    repair = _commit(git, git.run("rev-parse", f"{anchor}^{{tree}}").strip(), broken,
-                     "bisect skip: mrcnn imports again", SKIP_AFTER + 1)
-    line = [*steps[:SKIP_AFTER], {"hash": broken, "kind": "broken", "subject": "mrcnn cannot be imported"},
-            {"hash": repair, "kind": "noop", "subject": "mrcnn imports again"}]
-    parent = repair
-    for k, c in enumerate(steps[SKIP_AFTER:], start=SKIP_AFTER):
-        tree = git.run("rev-parse", f"{c['hash']}^{{tree}}").strip()
-        message = git.run("log", "-1", "--format=%B", c["hash"]).strip()
-        parent = _commit(git, tree, parent, message, k + 2)
-        line.append({**c, "hash": parent})
-    git.run("update-ref", f"refs/heads/{SKIP_BRANCH}", parent)
-    return line
+# Built like every scratch range (fixed authors and dates, objects written without a worktree); the
+# repair removes the line again, so every later commit has the steps range's tree.
+SKIP = ScratchRange(SKIP_BRANCH, STEPS.base, (
+    *STEPS.commits[:SKIP_AFTER],
+    ScratchCommit("broken", "mrcnn cannot be imported (the bisect must skip this commit)",
+                  (Append(BROKEN, BROKEN_LINE),)),
+    ScratchCommit("noop", "mrcnn imports again", (Replace(BROKEN, BROKEN_LINE, ""),)),
+    *STEPS.commits[SKIP_AFTER:],
+), "steps-skip", STEPS.hour, with_base=True)
 
 
 def bisects(steps: list[dict[str, str]], skip: list[dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -89,9 +67,7 @@ def bisects(steps: list[dict[str, str]], skip: list[dict[str, str]]) -> dict[str
 
 
 def run(out: Path, only: str | None) -> None:
-    git = Git(REPO)
-    steps = create(REPO, STEPS)
-    plan = bisects(steps, build_skip_range(git, steps))
+    plan = bisects(create(REPO, STEPS), create(REPO, SKIP))
     out.mkdir(parents=True, exist_ok=True)
     for name, spec in plan.items():
         path = out / f"{name}.json"
@@ -112,7 +88,8 @@ def run(out: Path, only: str | None) -> None:
         print(f"{name}: exit {done.returncode}, {seconds / 60:.1f} min: {' '.join(doc['printed'])}", flush=True)
 
 
-def summary(out: Path) -> str:
+def summary(out: Path) -> int:
+    """Write ``DIR/teeth.md`` from the bisects' records and print it."""
     rows = []
     for path in sorted(out.glob("*.json")):
         doc = json.loads(path.read_text())
@@ -136,7 +113,10 @@ def summary(out: Path) -> str:
             "GOOD against one commit in process pairs (True: slower, False: not, None: could not tell).", "",
             "| bisect | GOOD..BAD | commits | expected | named | exit | compares (commit verdict) | minutes | "
             "verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    return "\n".join(head + rows) + "\n"
+    text = "\n".join(head + rows) + "\n"
+    atomic_write(out / "teeth.md", text)
+    print(text)
+    return 0
 
 
 def main() -> int:
@@ -147,10 +127,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.what == "run":
         run(args.out, args.only)
-    text = summary(args.out)
-    atomic_write(args.out / "teeth.md", text)
-    print(text)
-    return 0
+    return summary(args.out)
 
 
 if __name__ == "__main__":

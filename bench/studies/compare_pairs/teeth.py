@@ -81,13 +81,14 @@ def one_trial(kind: str, case: str, fraction: float = 0.0) -> dict:
             "loadavg_before": load, "threshold": defaults.PAIR_THRESHOLD, "alpha": defaults.ALPHA}
 
 
-def _calibration_file(out: Path) -> Path:
-    """``OUT/<host>/calibration.json``: per case, each kind's F and the checks it came from (``.jsonl``)."""
+def calibration_file(out: Path) -> Path:
+    """``OUT/<host>/calibration.json``: the fractions fixed and the checks they came from (``.jsonl``)."""
     return trials_file(out).with_name("calibration.json")
 
 
-def _calibration(out: Path) -> dict:
-    path = _calibration_file(out)
+def read_calibration(out: Path) -> dict:
+    """:func:`calibration_file`'s content; empty before any calibration."""
+    path = calibration_file(out)
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -96,7 +97,7 @@ def calibrate(out: Path, case: str, fraction: float, runs: int) -> None:
     each slowed kind's F, from every check of the case so far, in ``calibration.json``."""
     if any(t["case"] == case and KINDS[t["kind"]] for t in read_trials(trials_file(out))):
         raise SystemExit(f"slowed trials of {case} exist: the calibration they were run with stays as it is")
-    path = _calibration_file(out).with_suffix(".jsonl")
+    path = calibration_file(out).with_suffix(".jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     while sum(c["case"] == case and c["injected"] == fraction for c in read_trials(path)) < runs:
         check = one_trial("calibration", case, fraction)
@@ -112,9 +113,9 @@ def calibrate(out: Path, case: str, fraction: float, runs: int) -> None:
                 fractions[kind] = calibrated_fraction(checks, target)
             except ValueError as e:  # e.g. a line whose intercept lies above the target: calibrate nearer it
                 print(f"{kind}: {e}", file=sys.stderr)
-    doc = _calibration(out) | {case: {"checks": [{"injected": f, "ratio": r} for f, r in checks],
+    doc = read_calibration(out) | {case: {"checks": [{"injected": f, "ratio": r} for f, r in checks],
                                       "fractions": fractions}}
-    atomic_write(_calibration_file(out), json.dumps(doc, indent=1) + "\n")
+    atomic_write(calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"{case}: " + ", ".join(f"{kind} --inject-slowdown {f}" for kind, f in fractions.items())
           + f" (from {len(checks)} checks)")
 
@@ -122,9 +123,9 @@ def calibrate(out: Path, case: str, fraction: float, runs: int) -> None:
 def run(out: Path, kind: str, trials: int, case: str) -> None:
     fraction = 0.0
     if KINDS[kind]:
-        calibration = _calibration(out).get(case)
+        calibration = read_calibration(out).get(case)
         if calibration is None:
-            raise SystemExit(f"no calibration of {case} in {_calibration_file(out)}: run `calibrate` first")
+            raise SystemExit(f"no calibration of {case} in {calibration_file(out)}: run `calibrate` first")
         if kind not in calibration["fractions"]:
             raise SystemExit(f"the calibration of {case} gives no fraction for {kind}: calibrate at a smaller one")
         fraction = calibration["fractions"][kind]
@@ -150,7 +151,7 @@ def summary(out: Path) -> int:
              "`summary`. Each trial: `mrcnn-bench compare HEAD HEAD` with the defaults "
              f"({defaults.COMPARE_PAIRS} pairs x {defaults.COMPARE_ROUNDS} rounds, threshold "
              f"{defaults.PAIR_THRESHOLD:.0%}, alpha {defaults.ALPHA}), B with the injected slowdown.", ""]
-    for case, calibration in _calibration(out).items():
+    for case, calibration in read_calibration(out).items():
         measured = ", ".join(f"{c['ratio']:.4f} at {c['injected']}" for c in calibration["checks"])
         chosen = (", ".join(f"{kind} {f}" for kind, f in calibration["fractions"].items())
                   or "none (the line's intercept, the hook's fixed cost, lies above every kind's slowdown)")

@@ -36,7 +36,12 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
-from studies.compare_pairs.teeth import read_trials, trials_file  # one trials file per host, one line per trial
+from studies.compare_pairs.teeth import (  # one trials and one calibration file per host, one line per trial
+    calibration_file,
+    read_calibration,
+    read_trials,
+    trials_file,
+)
 from studies.slowdown_calibration import calibrated_fraction
 
 from mrcnn_bench.base import defaults
@@ -72,20 +77,10 @@ def one_trial(kind: str, fraction: float) -> dict:
             "pairs": doc["pairs"], "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
 
 
-def _calibration_file(out: Path) -> Path:
-    """``OUT/<host>/calibration.json``: F and the checks it came from (their lines: ``.jsonl``)."""
-    return trials_file(out).with_name("calibration.json")
-
-
-def _calibration(out: Path) -> dict | None:
-    path = _calibration_file(out)
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
 def calibrate(out: Path, fraction: float, runs: int) -> None:
     """Checks at ``--inject-slowdown fraction`` until there are ``runs`` at it; then fixes F, from every
     check so far, in ``calibration.json``."""
-    path = _calibration_file(out).with_suffix(".jsonl")
+    path = calibration_file(out).with_suffix(".jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     if any(t["kind"] == "slow10" for t in read_trials(trials_file(out))):
         raise SystemExit("slow10 trials exist: the calibration they were run with stays as it is")
@@ -98,14 +93,14 @@ def calibrate(out: Path, fraction: float, runs: int) -> None:
     checks = [(c["injected"], c["ratio"]) for c in read_trials(path)]
     doc = {"target": TARGET, "checks": [{"injected": f, "ratio": r} for f, r in checks],
            "fraction": calibrated_fraction(checks, TARGET)}
-    atomic_write(_calibration_file(out), json.dumps(doc, indent=1) + "\n")
+    atomic_write(calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(checks)} checks)")
 
 
 def run(out: Path, trials: int) -> None:
-    calibration = _calibration(out)
-    if calibration is None:
-        raise SystemExit(f"no {_calibration_file(out)}: run `calibrate` first")
+    calibration = read_calibration(out)
+    if not calibration:
+        raise SystemExit(f"no {calibration_file(out)}: run `calibrate` first")
     path = trials_file(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -126,7 +121,7 @@ def summary(out: Path) -> int:
     if not trials:
         print(f"no trials in {path}", file=sys.stderr)
         return 2
-    calibration = _calibration(out) or {}
+    calibration = read_calibration(out)
     lines = [f"# CI's latency check: false alarms, a 10% slowdown caught, and its cost ({path.parent.name})", "",
              "`PYTHONPATH=bench python bench/studies/latency_check/trials.py calibrate`, `run --trials N`, then "
              f"`summary`. Each trial: `mrcnn-bench latency-check --against HEAD --cases {CASE}` with the defaults "
