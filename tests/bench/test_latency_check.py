@@ -193,26 +193,37 @@ def test_trials_size_the_injection_from_the_excess_the_check_measured():
 
 
 def test_the_compare_teeth_inject_what_the_compare_measures_and_keep_their_calibration(tmp_path, monkeypatch):
-    """compare_pairs/teeth.py: slowed kinds refuse to run before a calibration; calibrating at one
-    fraction gives each kind its share of the measured excess; once slowed trials exist the calibration
-    they ran with cannot change."""
+    """compare_pairs/teeth.py: slowed kinds refuse to run before a calibration, or on one made with
+    another hook; calibrating at one fraction (ignoring another hook's checks) gives each kind its
+    share of the measured excess; once slowed trials exist the calibration they ran with cannot change."""
     from studies.compare_pairs import teeth
+
+    from mrcnn_bench.running.slowdown import INJECTION
 
     calls = []
 
     def fake_trial(kind, case, fraction=0.0):
         calls.append((kind, fraction))
-        return {"kind": kind, "case": case, "injected": fraction, "flagged": fraction > 0, "seconds": 1.0,
-                "ratio": 1.0 + 2.0 * fraction, "ci95": "-", "process_sd": 0.0, "round_sd": 0.1}
+        return {"kind": kind, "case": case, "injected": fraction, "injection": INJECTION, "flagged": fraction > 0,
+                "seconds": 1.0, "ratio": 1.0 + 2.0 * fraction, "ci95": "-", "process_sd": 0.0, "round_sd": 0.1}
 
     monkeypatch.setattr(teeth, "one_trial", fake_trial)
     case = "static/eager"
     with pytest.raises(SystemExit, match="run `calibrate` first"):
         teeth.run(tmp_path, "slow03", 1, case)
+    # A calibration and checks made with the hook before this one (no "injection" field) are not reused.
+    calibration = teeth.calibration_file(tmp_path)
+    calibration.parent.mkdir(parents=True)
+    calibration.write_text(json.dumps({case: {"checks": [], "fractions": {"slow03": 0.2}}}))
+    with pytest.raises(SystemExit, match="'resnet-body' injection"):
+        teeth.run(tmp_path, "slow03", 1, case)
+    old = {"case": case, "injected": 0.03, "ratio": 1.09}
+    calibration.with_suffix(".jsonl").write_text(json.dumps(old) + "\n")
     teeth.calibrate(tmp_path, case, 0.03, 2)  # read as 6%: each kind injects half its target
     assert calls == [("calibration", 0.03)] * 2
-    fractions = json.loads((teeth.trials_file(tmp_path).with_name("calibration.json")).read_text())[case]["fractions"]
-    assert fractions == {"slow02": 0.01, "slow03": 0.015, "slow05": 0.025}
+    stored = json.loads(calibration.read_text())[case]
+    assert stored["fractions"] == {"slow02": 0.01, "slow03": 0.015, "slow05": 0.025}
+    assert stored["injection"] == INJECTION and len(stored["checks"]) == 2
     teeth.run(tmp_path, "slow03", 2, case)
     assert calls[2:] == [("slow03", 0.015)] * 2
     with pytest.raises(SystemExit, match="stays as it is"):

@@ -5,7 +5,8 @@ scratch range: seven commits on a fixed base (:data:`BASE`): four change nothing
 ("noop"), three inject one known regression each, as a source edit of the model at that commit:
 
 - ``slowdown``: inference runs the ResNet body again over the top fifth of the canvas (about 10%
-  slower, outputs bit for bit the same), as ``mrcnn_bench.running.slowdown.inject_slowdown`` does from outside;
+  slower, outputs bit for bit the same), as ``mrcnn_bench.running.slowdown.inject_slowdown`` did from
+  outside until it convolved P3 instead;
 - ``recompile``: each batch is padded tightly to its own size rounded up to ``size_divisible`` rather
   than to its canvas bucket, as ``mrcnn_bench.gates.compile_probe._inject_recompile`` does (more compiled
   graphs, same outputs; the 240x320 timing workload keeps its 320x448 canvas);

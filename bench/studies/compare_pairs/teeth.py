@@ -37,12 +37,13 @@ from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # bench/
 
-from studies.slowdown_calibration import calibrated_fraction
+from studies.slowdown_calibration import calibrated_fraction, current_checks, injection_of, require_current
 
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.gates.stats import mean_ratio_ci
 from mrcnn_bench.history.asv_machine import cpu_label, slug
+from mrcnn_bench.running.slowdown import INJECTION
 
 REPO = Path(__file__).resolve().parents[3]
 KINDS = {"aa": 0.0, "slow02": 0.02, "slow03": 0.03, "slow05": 0.05}  # the slowdown as the compare measures it
@@ -74,9 +75,9 @@ def one_trial(kind: str, case: str, fraction: float = 0.0) -> dict:
             raise RuntimeError(f"compare exited {proc.returncode} (its --out written: {out.is_file()}):\n"
                                f"{proc.stderr[-3000:]}")
         (line,) = json.loads(out.read_text())["comparison"]
-    return {"kind": kind, "case": case, "injected": fraction, "flagged": bool(line["regression"]),
-            "ratio": line["ratio_b_over_a"], "ci95": line["ci95"], "p_value": line["p_value"],
-            "process_sd": line["process_sd"],
+    return {"kind": kind, "case": case, "injected": fraction, "injection": INJECTION,
+            "flagged": bool(line["regression"]), "ratio": line["ratio_b_over_a"], "ci95": line["ci95"],
+            "p_value": line["p_value"], "process_sd": line["process_sd"],
             "round_sd": line["round_sd"], "pairs": line["pairs"], "rounds": line["n"], "seconds": seconds,
             "loadavg_before": load, "threshold": defaults.PAIR_THRESHOLD, "alpha": defaults.ALPHA}
 
@@ -99,13 +100,13 @@ def calibrate(out: Path, case: str, fraction: float, runs: int) -> None:
         raise SystemExit(f"slowed trials of {case} exist: the calibration they were run with stays as it is")
     path = calibration_file(out).with_suffix(".jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
-    while sum(c["case"] == case and c["injected"] == fraction for c in read_trials(path)) < runs:
+    while sum(f == fraction for f, _ in current_checks(c for c in read_trials(path) if c["case"] == case)) < runs:
         check = one_trial("calibration", case, fraction)
         with path.open("a") as f:
             f.write(json.dumps(check) + "\n")
         print(f"calibration of {case} at {fraction}: ratio {check['ratio']:.4f} [{check['ci95']}] "
               f"({check['seconds']:.0f} s)", flush=True)
-    checks = [(c["injected"], c["ratio"]) for c in read_trials(path) if c["case"] == case]
+    checks = current_checks(c for c in read_trials(path) if c["case"] == case)
     fractions = {}
     for kind, target in KINDS.items():
         if target:
@@ -113,8 +114,8 @@ def calibrate(out: Path, case: str, fraction: float, runs: int) -> None:
                 fractions[kind] = calibrated_fraction(checks, target)
             except ValueError as e:  # e.g. a line whose intercept lies above the target: calibrate nearer it
                 print(f"{kind}: {e}", file=sys.stderr)
-    doc = read_calibration(out) | {case: {"checks": [{"injected": f, "ratio": r} for f, r in checks],
-                                      "fractions": fractions}}
+    doc = read_calibration(out) | {case: {"injection": INJECTION, "fractions": fractions,
+                                      "checks": [{"injected": f, "ratio": r} for f, r in checks]}}
     atomic_write(calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"{case}: " + ", ".join(f"{kind} --inject-slowdown {f}" for kind, f in fractions.items())
           + f" (from {len(checks)} checks)")
@@ -126,6 +127,7 @@ def run(out: Path, kind: str, trials: int, case: str) -> None:
         calibration = read_calibration(out).get(case)
         if calibration is None:
             raise SystemExit(f"no calibration of {case} in {calibration_file(out)}: run `calibrate` first")
+        require_current(calibration, f"{case} in {calibration_file(out)}")
         if kind not in calibration["fractions"]:
             raise SystemExit(f"the calibration of {case} gives no fraction for {kind}: calibrate at a smaller one")
         fraction = calibration["fractions"][kind]
@@ -155,8 +157,9 @@ def summary(out: Path) -> int:
         measured = ", ".join(f"{c['ratio']:.4f} at {c['injected']}" for c in calibration["checks"])
         chosen = (", ".join(f"{kind} {f}" for kind, f in calibration["fractions"].items())
                   or "none (the line's intercept, the hook's fixed cost, lies above every kind's slowdown)")
-        lines += [f"Calibration of {case}: {len(calibration['checks'])} compares with `--inject-slowdown` read B/A "
-                  f"{measured}; the fraction each kind injects: {chosen}.", ""]
+        lines += [f"Calibration of {case} ({injection_of(calibration)} injection): "
+                  f"{len(calibration['checks'])} compares with `--inject-slowdown` read B/A {measured}; "
+                  f"the fraction each kind injects: {chosen}.", ""]
     lines += [
              "| case | kind | goal | flagged | 95% CI | measured ratio B/A (95% CI) | median minutes | "
              "median process sd | median round sd |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

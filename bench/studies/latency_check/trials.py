@@ -7,7 +7,7 @@
 Each trial is one ``mrcnn-bench latency-check --against HEAD --cases static/eager`` with the check's
 defaults: ``aa`` on the unchanged commit, ``slow10`` with ``--inject-slowdown F`` on the working
 tree's side. ``--inject-slowdown`` sizes its extra work from an assumed share of the call
-(:data:`mrcnn_bench.running.slowdown.BODY_SHARE`), so its nominal fraction is not the slowdown the
+(:data:`mrcnn_bench.running.slowdown.PASS_SHARE`), so its nominal fraction is not the slowdown the
 check sees: ``calibrate`` runs checks at a fraction (``OUT/<host>/calibration.jsonl``, resumable)
 and fixes F, the fraction the check measures as 10% on the line through every check so far
 (:func:`studies.slowdown_calibration.calibrated_fraction`), in ``calibration.json`` before any
@@ -42,11 +42,12 @@ from studies.compare_pairs.teeth import (  # one trials and one calibration file
     read_trials,
     trials_file,
 )
-from studies.slowdown_calibration import calibrated_fraction
+from studies.slowdown_calibration import calibrated_fraction, current_checks, injection_of, require_current
 
 from mrcnn_bench.base import defaults
 from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.gates.stats import mean_ratio_ci
+from mrcnn_bench.running.slowdown import INJECTION
 
 REPO = Path(__file__).resolve().parents[3]
 TARGET = 0.10  # the slowdown slow10 trials inject, as the check measures it
@@ -71,7 +72,7 @@ def one_trial(kind: str, fraction: float) -> dict:
             raise RuntimeError(f"latency-check exited {proc.returncode}:\n{proc.stderr[-3000:]}")
         doc = json.loads(check.read_text())
     (line,) = doc["comparison"]
-    return {"kind": kind, "case": CASE, "injected": fraction, "exit": proc.returncode,
+    return {"kind": kind, "case": CASE, "injected": fraction, "injection": INJECTION, "exit": proc.returncode,
             "flagged": bool(line["regression"]), "ratio": line["ratio_b_over_a"], "ci95": line["ci95"],
             "p_value": line["p_value"], "process_sd": line["process_sd"], "round_sd": line["round_sd"],
             "pairs": doc["pairs"], "rounds": doc["rounds"], "seconds": seconds, "head": doc["head"]}
@@ -84,14 +85,14 @@ def calibrate(out: Path, fraction: float, runs: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if any(t["kind"] == "slow10" for t in read_trials(trials_file(out))):
         raise SystemExit("slow10 trials exist: the calibration they were run with stays as it is")
-    while sum(c["injected"] == fraction for c in read_trials(path)) < runs:
+    while sum(f == fraction for f, _ in current_checks(read_trials(path))) < runs:
         check = one_trial("calibration", fraction)
         with path.open("a") as f:
             f.write(json.dumps(check) + "\n")
         print(f"calibration at {fraction}: ratio {check['ratio']:.4f} [{check['ci95']}] ({check['seconds']:.0f} s)",
               flush=True)
-    checks = [(c["injected"], c["ratio"]) for c in read_trials(path)]
-    doc = {"target": TARGET, "checks": [{"injected": f, "ratio": r} for f, r in checks],
+    checks = current_checks(read_trials(path))
+    doc = {"target": TARGET, "injection": INJECTION, "checks": [{"injected": f, "ratio": r} for f, r in checks],
            "fraction": calibrated_fraction(checks, TARGET)}
     atomic_write(calibration_file(out), json.dumps(doc, indent=1) + "\n")
     print(f"--inject-slowdown {doc['fraction']} for a measured {TARGET:.0%} (from {len(checks)} checks)")
@@ -101,6 +102,7 @@ def run(out: Path, trials: int) -> None:
     calibration = read_calibration(out)
     if not calibration:
         raise SystemExit(f"no {calibration_file(out)}: run `calibrate` first")
+    require_current(calibration, str(calibration_file(out)))
     path = trials_file(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
@@ -133,7 +135,8 @@ def summary(out: Path) -> int:
         for check in calibration["checks"]:
             by_fraction.setdefault(check["injected"], []).append(f"{check['ratio']:.4f}")
         measured = "; ".join(f"at {f}: {', '.join(r)}" for f, r in sorted(by_fraction.items()))
-        lines += [f"Calibration: {len(calibration['checks'])} checks with `--inject-slowdown` measured B/A {measured}; "
+        lines += [f"Calibration ({injection_of(calibration)} injection): {len(calibration['checks'])} checks with "
+                  f"`--inject-slowdown` measured B/A {measured}; "
                   f"the line fitted through them gives {calibration['fraction']} for a measured "
                   f"{calibration['target']:.0%} (the slow10 trials' own mean ratio is in the table).", ""]
     lines += ["| kind | goal | flagged | 95% CI | exit codes | measured ratio B/A (95% CI) "
