@@ -19,6 +19,7 @@ from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
 from mrcnn.config import Config, level_stride
+from mrcnn.structures import ImageBatch, canvas_of
 
 _LAYERS = ["layer4", "layer3", "layer2", "layer1", "conv1"]
 
@@ -76,6 +77,12 @@ def padded_extents(image_sizes: Tensor, size_divisible: int) -> Tensor:
     return (image_sizes + size_divisible - 1) // size_divisible * size_divisible
 
 
+def sizes_on_host(extents: Tensor) -> bool:
+    """Whether the call can read the batch's sizes on the host: eager, with them on the CPU. Graphs
+    (compiled, exported, XLA, CUDA) never read them."""
+    return not torch.compiler.is_compiling() and extents.device.type == "cpu"
+
+
 def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int], Tensor | None]:
     """[B, 2] extents (:func:`padded_extents`) on ``canvas`` -> (the part of the canvas the backbone
     runs on, the extents :func:`masked_features` masks there, or None for no masks).
@@ -86,11 +93,27 @@ def eager_crop(extents: Tensor, canvas: tuple[int, int]) -> tuple[tuple[int, int
     torchvision's own work, its padded size, with no masks; the RPN head pads its outputs to the
     canvas (:func:`canvas_levels`), RoIAlign reads the crop's maps as they are.
     """
-    if torch.compiler.is_compiling() or extents.device.type != "cpu":
+    if not sizes_on_host(extents):
         return canvas, extents
     largest = extents.amax(0)
     crop = (int(largest[0]), int(largest[1]))
     return crop, None if bool((extents == largest).all()) else extents
+
+
+def fills_canvas(batch: ImageBatch, size_divisible: int, training: bool = False) -> bool:
+    """Whether no feature of ``batch`` needs masking: every image's padded extent
+    (:func:`padded_extents`; padding slots have the canvas's) is the whole canvas, or in training,
+    where every image takes the largest valid image's extent, that one is. The model then skips
+    the masks when told so (``forward(..., fills_canvas=True)``).
+
+    A host read: False where the sizes are on a device, so that deciding never waits on it.
+    """
+    if batch.image_sizes.device.type != "cpu":
+        return False
+    extents = padded_extents(batch.image_sizes, size_divisible)
+    if training:
+        extents = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
+    return bool((extents == torch.tensor(canvas_of(batch))).all())
 
 
 def canvas_level_size(canvas: tuple[int, int], level: int) -> tuple[int, int]:

@@ -24,7 +24,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, eager_crop, edge_extended, fold_norms_on, padded_extents
+from mrcnn.backbone import (
+    build_backbone,
+    eager_crop,
+    edge_extended,
+    fold_norms_on,
+    padded_extents,
+    sizes_on_host,
+)
+from mrcnn.backbone import (
+    fills_canvas as batch_fills_canvas,
+)
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped
@@ -55,7 +65,9 @@ class MaskRCNN(nn.Module):
         place_conv_weights(self, self.cfg)
         return module
 
-    def forward(self, batch: ImageBatch, targets: Targets | None = None) -> Detections | dict[str, Tensor]:
+    def forward(
+        self, batch: ImageBatch, targets: Targets | None = None, fills_canvas: bool = False
+    ) -> Detections | dict[str, Tensor]:
         """batch.tensors [B, 3, H, W] on a canvas bucket -> Detections with K slots per image.
 
         Training mode needs ``targets`` (padded, canvas coordinates; see
@@ -68,9 +80,14 @@ class MaskRCNN(nn.Module):
 
         Targets on the CPU are validated here (:func:`mrcnn.losses.check_targets`) unless the call
         is being compiled; validate on the host before moving a batch to an accelerator.
+
+        ``fills_canvas``: the caller found on the host (:func:`mrcnn.backbone.fills_canvas`) that no
+        feature of this batch needs masking, so a graph skips the masks (same outputs; a compiled
+        forward then keeps one graph per canvas and value). Eager on the CPU finds that itself, and
+        raises ValueError when told so of a batch that needs them.
         """
         if self.training:
-            losses, pooled, rois, targets = self.box_training_stage(batch, targets)
+            losses, pooled, rois, targets = self.box_training_stage(batch, targets, fills_canvas)
             images = None
             if packs_mask_training(self.cfg, batch.tensors.device):
                 # Eager: the mask branch on the batch's positives packed into the smallest bucket
@@ -78,14 +95,14 @@ class MaskRCNN(nn.Module):
                 rois, images = packed_mask_rois(rois, self.cfg.mask_train_slots)
             losses["loss_mask"] = self.mask_training_stage(pooled, targets, rois, canvas_of(batch), images)
             return losses
-        features, pooled, extents = self.features(batch)
+        features, pooled, extents = self.features(batch, fills_canvas)
         proposals, _ = self.rpn(features, batch.image_sizes, canvas_of(batch), extents=extents)
         det = self.roi_heads(pooled, proposals, batch.image_sizes)
         # Explicit constructor: dynamo cannot trace NamedTuple._replace of a new instance.
         return Detections(det.boxes, det.scores, det.labels, det.masks, det.valid & batch.valid[:, None])
 
     def box_training_stage(
-        self, batch: ImageBatch, targets: Targets | None
+        self, batch: ImageBatch, targets: Targets | None, fills_canvas: bool = False
     ) -> tuple[dict[str, Tensor], list[Tensor], MaskTrainingRoIs, Targets]:
         """Training up to the mask branch: one fixed-shape function per canvas.
 
@@ -93,7 +110,7 @@ class MaskRCNN(nn.Module):
         ``loss_classifier``, ``loss_box_reg``), the pooled P2..P5 features, the mask branch's Q
         training slots (positives first) and the targets as the mask loss reads them; the mask
         loss is :meth:`mask_training_stage` on any prefix of the slots that holds the positives, or
-        on the positives packed into one row.
+        on the positives packed into one row. ``fills_canvas``: as in :meth:`forward`.
         """
         if not self.training:
             raise RuntimeError("box_training_stage is training only (call model.train())")
@@ -106,7 +123,7 @@ class MaskRCNN(nn.Module):
             # torchvision samples each image's own-size ground-truth mask, clamped at its edge.
             masks = edge_extended(targets.masks, batch.image_sizes, canvas)
             targets = Targets(targets.boxes, targets.labels, masks, targets.valid)
-        features, pooled, extents = self.features(batch)
+        features, pooled, extents = self.features(batch, fills_canvas)
         proposals, losses = self.rpn(features, batch.image_sizes, canvas, targets, batch.valid, extents)
         box_losses, rois = self.roi_heads.box_loss(pooled, proposals, targets, batch.valid)
         losses.update(box_losses)
@@ -125,7 +142,9 @@ class MaskRCNN(nn.Module):
         row (:func:`mrcnn.staged.pack_positives`). One fixed-shape function per (canvas, n)."""
         return self.roi_heads.mask_branch_loss(pooled, targets, rois, canvas, images)
 
-    def features(self, batch: ImageBatch) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
+    def features(
+        self, batch: ImageBatch, fills_canvas: bool = False
+    ) -> tuple[list[Tensor], list[Tensor], Tensor | None]:
         """-> (P2..P6 for the RPN, P2..P5 for RoIAlign, extents [B, 2] or None).
 
         With ``cfg.mask_padding`` every image sees the canvas as torchvision sees its own padding
@@ -135,6 +154,7 @@ class MaskRCNN(nn.Module):
         CPU runs the backbone on the batch's largest extent instead
         (:func:`mrcnn.backbone.eager_crop`), masked only where the extents differ; every level is
         then that crop's (the RPN head pads its outputs to the canvas, RoIAlign needs no canvas).
+        ``fills_canvas`` (as in :meth:`forward`): graphs skip the masks too.
         """
         canvas = canvas_of(batch)
         extents = masked = None
@@ -149,6 +169,13 @@ class MaskRCNN(nn.Module):
             # Eager on the CPU runs the backbone on the batch's largest extent only, without masks
             # where that is every image's: torchvision's work, not the canvas's.
             crop, masked = eager_crop(extents, canvas)
+            if fills_canvas:
+                if sizes_on_host(extents) and (masked is not None or crop != canvas):
+                    raise ValueError(
+                        f"fills_canvas=True, but the batch's padded extents {extents.tolist()} do not all "
+                        f"fill its canvas {canvas}: pass mrcnn.backbone.fills_canvas(batch, ...)"
+                    )
+                masked = None
         images = batch.tensors if crop == canvas else batch.tensors[..., : crop[0], : crop[1]]
         fold = fold_norms_on(self.cfg, images.device)
         features = list(self.backbone(conv_layout(images, self.cfg), masked, fold).values())  # P2..P6
@@ -219,7 +246,10 @@ class MaskRCNN(nn.Module):
         for indices in groups.values():
             # Resize on the host: on XLA, resizing each original size on the device would compile anew.
             batch = to_image_batch([images[i].cpu() for i in indices], self.cfg, batch_size)
+            # Compiled, the single graph skips the padding masks where the host finds none needed.
+            told = detect is self and compiled and batch_fills_canvas(batch, self.cfg.size_divisible)
             batch = ImageBatch(*(t.to(device) for t in batch))
-            for i, result in zip(indices, postprocess(detect(batch), batch)):
+            out = self(batch, fills_canvas=True) if told else detect(batch)
+            for i, result in zip(indices, postprocess(out, batch)):
                 results[i] = result
         return results

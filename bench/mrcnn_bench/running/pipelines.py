@@ -19,6 +19,7 @@ name their builders as ``"module:function"``; they are imported when a row first
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -121,6 +122,24 @@ def _staged_forward(model: nn.Module, case: Case, compiled: bool, warm_ahead: bo
     return Staged.compiled(model, warm_ahead) if compiled else Staged(model, warm_ahead=warm_ahead)
 
 
+def _telling_fills_canvas(model: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+    """``forward`` told, at each call, whether the batch fills its canvas (read on the host:
+    :func:`mrcnn.backbone.fills_canvas`), so that its graph skips the padding masks when no image
+    needs them: one more graph per canvas at most. A checkout whose model has no such argument
+    (compared against, its mrcnn imported by the worker) gets ``forward`` as it is."""
+    if "fills_canvas" not in inspect.signature(model.forward).parameters:
+        return forward
+    # Imported here: only checkouts whose forward takes the argument have it.
+    from mrcnn.backbone import fills_canvas
+
+    size_divisible = model.cfg.size_divisible
+
+    def told(batch: ImageBatch, *rest: Any) -> Any:
+        return forward(batch, *rest, fills_canvas=fills_canvas(batch, size_divisible, model.training))
+
+    return told
+
+
 @register_pipeline("eager")
 def build_eager(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     """The model as it is (on XLA, traced lazily). With mask buckets, its two stages."""
@@ -142,7 +161,8 @@ def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
         # dynamic=False: one specialised graph per canvas. By default dynamo turns the canvas's
         # height and width into symbols at the first recompile, and one graph with dynamic shapes
         # then serves several canvases (3 graphs for the 5 canvases of a stream).
-        return Compiled(torch.compile(model, fullgraph=True, dynamic=False), backends.dynamo_counters)
+        compiled = torch.compile(model, fullgraph=True, dynamic=False)
+        return Compiled(_telling_fills_canvas(model, compiled), backends.dynamo_counters)
     fullgraph = case.phase == "training"
     return Compiled(torch.compile(model, fullgraph=fullgraph), backends.dynamo_counters)
 

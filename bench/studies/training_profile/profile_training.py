@@ -9,7 +9,13 @@ static-shape rewrite of the rest can give, before it is measured. Subnormal floa
 zero, as in the harness's training rows (:func:`mrcnn_bench.running.backends.flush_subnormals`).
 
     python bench/studies/training_profile/profile_training.py --preset tiny --threads 2 [--set KEY=VALUE ...]
-        [--out FILE.md]
+        [--cases torchvision/train,static/train] [--out FILE.md]
+
+Compiled training rows (``static/inductor-train``, ...) are profiled after the same warm-up steps,
+which compile them; their convolutions then show as the calls inductor makes
+(``mkldnn_convolution``, ``convolution_backward``), and the rest of the graph as its C++ kernels
+(``graph_*_cpp_fused_*`` in the table). The share and bound lines read the first case as the
+reference.
 """
 
 from __future__ import annotations
@@ -18,13 +24,14 @@ import argparse
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 from torch.profiler import ProfilerActivity, profile
 
 from mrcnn.overrides import parse_override
 from mrcnn_bench.base import timing
 from mrcnn_bench.cli.args import parse_size
 from mrcnn_bench.running.backends import flush_subnormals
-from mrcnn_bench.running.cases import Case, Row, Workload
+from mrcnn_bench.running.cases import Row, Workload, parse_cases
 from mrcnn_bench.running.context import ContextOptions, make_context
 from mrcnn_bench.running.pipelines import Pipeline
 
@@ -44,8 +51,15 @@ def main() -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], type=parse_override, metavar="KEY=VALUE")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--steps", type=int, default=3, help="profiled steps, after 2 warm-up steps")
+    p.add_argument("--cases", default="torchvision/train,static/train",
+                   help="training rows to profile, the reference first (default: torchvision/train,static/train)")
     p.add_argument("--out", type=Path, default=None, help="also write the report as markdown here")
     args = p.parse_args()
+    cases = parse_cases(args.cases)
+    if not cases or any(c.phase != "training" for c in cases):
+        p.error(f"--cases {args.cases!r}: name training rows only (for example static/train)")
+    # Inductor's C++ kernels are invisible to the profiler unless each records itself.
+    torch._inductor.config.cpp.enable_kernel_profile = True
     flush_subnormals()  # as the harness's training rows do, before any thread of the CPU pool exists
     torch.set_num_threads(args.threads)
     workload = Workload(preset=args.preset, **({"image_size": args.image_size} if args.image_size else {}))
@@ -56,8 +70,8 @@ def main() -> None:
     lines = [f"# Training step profile: {args.preset} {h}x{w}, batch 2, {args.threads} threads, {args.steps} steps", "",
              f"Overrides: {dict(args.overrides) or 'none'}; subnormal floats flushed to zero.", ""]
     shares = {}
-    for impl in ("torchvision", "static"):
-        pipe = Pipeline(Row(Case(impl, phase="training")), ctx)
+    for case in cases:
+        pipe = Pipeline(Row(case), ctx)
         pipe.setup()
         for i in range(2):
             pipe.call(i)
@@ -68,19 +82,20 @@ def main() -> None:
         events = prof.key_averages()
         total = sum(e.self_cpu_time_total for e in events)
         conv = sum(e.self_cpu_time_total for e in events if e.key in CONV_OPS)
-        shares[impl] = conv / total
+        shares[case.name] = conv / total
         lines += [
-            f"## {impl}: {per_step:.3f} s/step under the profiler; convolutions {conv / total:.1%} of self CPU time",
+            f"## {case.name}: {per_step:.3f} s/step under the profiler; "
+            f"convolutions {conv / total:.1%} of self CPU time",
             "",
             "```",
             events.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=45),
             "```",
             "",
         ]
+    reference = cases[0].name
     lines.append(
-        f"Convolutions take {shares['torchvision']:.1%} of torchvision's step; with the same convolutions "
-        f"and everything else free, the static model could be at most {1 / shares['torchvision']:.2f}x "
-        "as fast."
+        f"Convolutions take {shares[reference]:.1%} of {reference}'s step; with the same convolutions "
+        f"and everything else free, another row could be at most {1 / shares[reference]:.2f}x as fast."
     )
     text = "\n".join(lines)
     print(text)
