@@ -19,6 +19,7 @@ from torchvision.ops import FrozenBatchNorm2d
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
 
 from mrcnn.config import Config, level_stride
+from mrcnn.ops.max_pool import StemMaxPool2d
 from mrcnn.structures import ImageBatch, canvas_of
 
 _LAYERS = ["layer4", "layer3", "layer2", "layer1", "conv1"]
@@ -52,6 +53,8 @@ def build_backbone(cfg: Config) -> MaskedBackboneWithFPN:
     for name, parameter in body.named_parameters():
         if not any(name.startswith(layer) for layer in trainable):
             parameter.requires_grad_(False)
+    # Compiled training on the CPU calls aten's max-pool kernels rather than inductor's backward loop.
+    body.maxpool = StemMaxPool2d.like(body.maxpool)
     stage2 = body.inplanes // 8  # 256 for Bottleneck ResNets, 64 for BasicBlock ones
     backbone = MaskedBackboneWithFPN(
         body,
