@@ -158,9 +158,9 @@ def build_inductor(model: nn.Module, case: Case, slowdown: float) -> Compiled:
     if _staged(model, case):
         return Compiled(_staged_forward(model, case, compiled=True, warm_ahead=True), backends.dynamo_counters)
     if case.interface == "static":
-        # dynamic=False: one specialised graph per canvas. By default dynamo turns the canvas's
-        # height and width into symbols at the first recompile, and one graph with dynamic shapes
-        # then serves several canvases (3 graphs for the 5 canvases of a stream).
+        # dynamic=False: one specialised graph per canvas and fills_canvas value. By default dynamo
+        # turns the canvas's height and width into symbols at the first recompile, and one graph
+        # with dynamic shapes then serves several canvases (3 graphs for the 5 canvases of a stream).
         compiled = torch.compile(model, fullgraph=True, dynamic=False)
         return Compiled(_telling_fills_canvas(model, compiled), backends.dynamo_counters)
     fullgraph = case.phase == "training"
