@@ -29,11 +29,15 @@ def test_the_workload_chooses_the_goals():
     assert bases("static/eager", "coco_r50_fpn") == []
     assert bases("static/eager", "coco_r50_fpn", overrides=FEW) == [("torchvision/eager", 0.9)]
     assert bases("static/inductor", "coco_r50_fpn") == [("torchvision/eager", 0.6), ("torchvision/inductor", 0.8)]
-    assert bases("static/inductor", "coco_r50_fpn", overrides=FEW) == [("torchvision/eager", 0.55)]
+    assert bases("static/inductor", "coco_r50_fpn", overrides=FEW) == [("torchvision/eager", 0.7)]
     assert bases("static/inductor", "coco_r50_fpn", overrides={"box_score_thresh": 0.5}) == []  # no goal set there
     assert bases("static/aoti", "coco_r50_fpn", overrides=FEW) == [("static/inductor", 1.05)]
     # tiny: the stream against torchvision eager, one fixed size against torchvision inductor.
-    assert bases("static/inductor", "tiny", STREAM) == [("torchvision/eager", 0.7)]
+    assert bases("static/inductor", "tiny", STREAM) == [("torchvision/eager", 0.75), ("static/eager", 0.8)]
+    assert bases("static/aoti", "tiny", STREAM) == [("static/inductor", 1.05)]
+    # Training on tiny: the static step against torchvision's, the compiled one against the eager one.
+    assert bases("static/train", "tiny", "240x320") == [("torchvision/train", 1.0)]
+    assert bases("static/inductor-train", "tiny", "240x320") == [("static/train", 0.9)]
     assert bases("static/inductor", "tiny", "240x320") == [("torchvision/inductor", 0.8)]
     assert bases("static/inductor", "some_other_preset", STREAM) == bases("static/inductor", "tiny", STREAM)
     assert bases("torchvision/eager", "tiny", STREAM) == []
