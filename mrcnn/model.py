@@ -24,17 +24,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import (
-    build_backbone,
-    eager_crop,
-    edge_extended,
-    fold_norms_on,
-    padded_extents,
-    sizes_on_host,
-)
-from mrcnn.backbone import (
-    fills_canvas as batch_fills_canvas,
-)
+from mrcnn.backbone import build_backbone, eager_crop, edge_extended, fold_norms_on, padded_extents, sizes_on_host
+from mrcnn.backbone import fills_canvas as batch_fills_canvas
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
 from mrcnn.losses import check_targets, masks_are_cropped

@@ -1,7 +1,7 @@
 """The ResNet stem's max pool with aten's CPU kernels kept whole in a compiled training step.
 
 Inductor lowers ``max_pool2d`` and its backward into loops of its own. On the CPU its backward
-loop ran slower than aten's kernel (docs/model.md), and in a training step of the
+loop ran slower than aten's kernel (docs/training.md), and in a training step of the
 tiny preset that loop was the slowest kernel the compiler wrote. ``mrcnn::max_pool2d_kept`` is
 aten's ``max_pool2d_with_indices`` inside a custom op with aten's backward registered for it, so a
 compiled step calls both kernels as eager does: the same values, bit for bit.
