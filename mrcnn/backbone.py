@@ -115,8 +115,14 @@ def fills_canvas(batch: ImageBatch, size_divisible: int, training: bool = False)
         return False
     extents = padded_extents(batch.image_sizes, size_divisible)
     if training:
-        extents = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
+        extents = largest_extent(extents, batch.valid)
     return bool((extents == torch.tensor(canvas_of(batch))).all())
+
+
+def largest_extent(extents: Tensor, valid: Tensor) -> Tensor:
+    """[B, 2] extents, [B] valid -> [1, 2] the largest valid image's: the extent torchvision pads a
+    training batch to."""
+    return torch.where(valid[:, None], extents, 0).amax(0, keepdim=True)
 
 
 def canvas_level_size(canvas: tuple[int, int], level: int) -> tuple[int, int]:

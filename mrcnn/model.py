@@ -24,7 +24,15 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from mrcnn.backbone import build_backbone, eager_crop, edge_extended, fold_norms_on, padded_extents, sizes_on_host
+from mrcnn.backbone import (
+    build_backbone,
+    eager_crop,
+    edge_extended,
+    fold_norms_on,
+    largest_extent,
+    padded_extents,
+    sizes_on_host,
+)
 from mrcnn.backbone import fills_canvas as batch_fills_canvas
 from mrcnn.config import Canvas, Config, get_config
 from mrcnn.layout import channels_last_on, contiguous_nchw, conv_layout, place_conv_weights
@@ -155,8 +163,7 @@ class MaskRCNN(nn.Module):
             if self.training:
                 # torchvision trains on batches padded to the largest image's extent, so each image's
                 # losses depend on that; inference matches torchvision running each image alone.
-                largest = torch.where(batch.valid[:, None], extents, 0).amax(0, keepdim=True)
-                extents = largest.expand_as(extents)
+                extents = largest_extent(extents, batch.valid).expand_as(extents)
             # Eager on the CPU runs the backbone on the batch's largest extent only, without masks
             # where that is every image's: torchvision's work, not the canvas's.
             crop, masked = eager_crop(extents, canvas)

@@ -69,13 +69,19 @@ class StemMaxPool2d(nn.MaxPool2d):
     instead of its own backward loop. Anywhere else (eager, XLA, CUDA, inference, an export) it
     is the plain module: x [B, C, H, W] -> [B, C, H', W'] either way."""
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        window = tuple(_square(v) for v in (self.kernel_size, self.stride, self.padding))
+        plain = _square(self.dilation) == 1 and not self.ceil_mode and not self.return_indices
+        # (kernel, stride, padding) where the kept op can take the pool's place, else None.
+        self.kept_window = window if plain and None not in window else None
+
     @classmethod
     def like(cls, pool: nn.MaxPool2d) -> "StemMaxPool2d":
         return cls(pool.kernel_size, pool.stride, pool.padding, pool.dilation, pool.return_indices, pool.ceil_mode)
 
     def forward(self, x: Tensor) -> Tensor:
-        window = tuple(_square(v) for v in (self.kernel_size, self.stride, self.padding))
-        plain = _square(self.dilation) == 1 and not self.ceil_mode and not self.return_indices and None not in window
-        if plain and torch.compiler.is_compiling() and x.device.type == "cpu" and x.requires_grad:
+        window = self.kept_window
+        if window and torch.compiler.is_compiling() and x.device.type == "cpu" and x.requires_grad:
             return _max_pool2d_kept(x, *window)[0]
         return super().forward(x)
