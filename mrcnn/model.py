@@ -204,16 +204,17 @@ class MaskRCNN(nn.Module):
             return levels
         return [contiguous_nchw(f) for f in levels]
 
-    def box_stage(self, batch: ImageBatch) -> tuple[BoxDetections, list[Tensor]]:
+    def box_stage(self, batch: ImageBatch, fills_canvas: bool = False) -> tuple[BoxDetections, list[Tensor]]:
         """Inference up to the detections, without masks: one fixed-shape function per canvas.
 
         Returns the K detections per image (valid ones first, best first; none valid on padding
         images of the batch) and the pooled P2..P5 features that :meth:`mask_stage` reads.
+        ``fills_canvas``: as in :meth:`forward`.
         """
         if self.training:
             raise RuntimeError("box_stage is inference only (call model.eval())")
         canvas = canvas_of(batch)
-        features, pooled, extents = self.features(batch)
+        features, pooled, extents = self.features(batch, fills_canvas)
         proposals, _ = self.rpn(features, batch.image_sizes, canvas, extents=extents)
         det = self.roi_heads.detect_boxes(pooled, proposals, batch.image_sizes)
         return BoxDetections(det.boxes, det.scores, det.labels, det.valid & batch.valid[:, None]), pooled

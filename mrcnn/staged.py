@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mrcnn.backbone import fills_canvas
 from mrcnn.config import Canvas, Config
 from mrcnn.structures import BoxDetections, Detections, ImageBatch, MaskTrainingRoIs, Targets, canvas_of
 
@@ -134,22 +135,23 @@ def compile_stages(cfg: Config, buckets: Sequence[int], **options: Any) -> Wrap:
 
     ``dynamic=False`` keeps every bucket a static graph (dynamo's automatic dynamic shapes would
     make the slot count symbolic at the second bucket). The second stage is one function compiled
-    up to canvases x buckets times, more than dynamo's default recompile limit (8), so the calls
-    raise that limit to the number of graphs the config can need.
+    up to canvases x buckets times, the first up to canvases x 2 (with and without the padding
+    masks: ``fills_canvas``); that can be more than dynamo's default recompile limit (8), so the
+    calls raise that limit to the number of graphs the config can need.
     """
     # Imported here: dynamo's config, needed only by compiled stages, costs a second at import.
     import torch._dynamo
 
     options = {"fullgraph": True, "dynamic": False, **options}
-    graphs = len(cfg.canvases) * len(buckets)
+    graphs = len(cfg.canvases) * max(len(buckets), 2)
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         compiled = torch.compile(fn, **options)
 
-        def call(*args: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
             limit = max(graphs, torch._dynamo.config.recompile_limit)
             with torch._dynamo.config.patch(recompile_limit=limit):
-                return compiled(*args)
+                return compiled(*args, **kwargs)
 
         return call
 
@@ -164,7 +166,10 @@ class _Staged:
     """Two wrapped stages of a model and the bookkeeping of the buckets they ran on.
 
     Subclasses name the model's two stage methods (``stages``) and the config's bucket sizes
-    (``buckets_field``, a Config property ending with the largest).
+    (``buckets_field``, a Config property ending with the largest). Wrapped (compiled) stages are
+    told whether the batch fills its canvas (:func:`mrcnn.backbone.fills_canvas`, a host read), so
+    that the first stage's graph skips the padding masks where no image needs them; eager finds
+    that itself.
     """
 
     stages: tuple[str, str]
@@ -174,6 +179,7 @@ class _Staged:
         # model: a mrcnn.model.MaskRCNN (not imported: the model imports this module).
         self.model = model
         self.buckets: tuple[int, ...] = getattr(model.cfg, self.buckets_field)
+        self.tells_fills = wrap is not None
         wrap = wrap or _identity
         self.first_stage, self.second_stage = (wrap(getattr(model, name)) for name in self.stages)
         self.used: dict[tuple[Canvas, int], int] = {}  # batches run on each (canvas, bucket)
@@ -184,6 +190,11 @@ class _Staged:
     def compiled(cls, model: nn.Module, warm_ahead: bool = False, **options: Any) -> Self:
         """Both stages compiled (:func:`compile_stages`)."""
         return cls(model, compile_stages(model.cfg, getattr(model.cfg, cls.buckets_field), **options), warm_ahead)
+
+    def _fills(self, batch: ImageBatch) -> bool:
+        """The first stage's ``fills_canvas`` for ``batch``, passed by position: a wrap need only
+        forward ``*args``."""
+        return self.tells_fills and fills_canvas(batch, self.model.cfg.size_divisible, self.model.training)
 
     def _count(self, canvas: Canvas, n: int) -> None:
         self.used[canvas, n] = self.used.get((canvas, n), 0) + 1
@@ -220,7 +231,7 @@ class StagedDetector(_Staged):
             self.buckets = tuple(range(1, model.cfg.box_detections_per_img + 1))
 
     def __call__(self, batch: ImageBatch) -> Detections:
-        det, pooled = self.first_stage(batch)
+        det, pooled = self.first_stage(batch, self._fills(batch))
         canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             for n in self.widths(det.valid.shape[0]):
@@ -253,8 +264,9 @@ class StagedDetector(_Staged):
     @torch.no_grad()
     def warmup(self, canvases: Sequence[Canvas] | None = None, batch_size: int = 1) -> None:
         """Run every (canvas, bucket) once on blank images (all of ``cfg.canvases`` by default), so
-        that compiled stages are built before the first real batch of ``batch_size`` images. Call
-        it under the autocast the real calls use, if any."""
+        that compiled stages are built before the first real batch of ``batch_size`` images (the
+        first stage with and without the padding masks). Call it under the autocast the real calls
+        use, if any."""
         cfg = self.model.cfg
         device = next(self.model.parameters()).device
         for h, w in canvases or cfg.canvases:
@@ -265,7 +277,9 @@ class StagedDetector(_Staged):
                 sizes,
                 torch.ones(batch_size, dtype=torch.bool, device=device),
             )
-            det, pooled = self.first_stage(blank)
+            # Told of the canvas's fill, the first stage has a graph for each answer: build both.
+            for fills in (True, False) if self.tells_fills else (False,):
+                det, pooled = self.first_stage(blank, fills)
             for n in self.widths(batch_size):
                 self._masks(pooled, det, n)
 
@@ -290,7 +304,7 @@ class StagedTrainer(_Staged):
     buckets_field = "mask_train_slots"
 
     def __call__(self, batch: ImageBatch, targets: Targets) -> dict[str, Tensor]:
-        losses, pooled, rois, targets = self.first_stage(batch, targets)
+        losses, pooled, rois, targets = self.first_stage(batch, targets, self._fills(batch))
         canvas = canvas_of(batch)
         if self.warm_ahead and canvas not in self._warm:
             self._warm_buckets(pooled, targets, rois, canvas)

@@ -12,6 +12,7 @@ import torch
 
 from mrcnn.backbone import fills_canvas
 from mrcnn.model import MaskRCNN
+from mrcnn.staged import StagedDetector
 from mrcnn.structures import ImageBatch
 from mrcnn.transform import to_image_batch
 from mrcnn.weights import load_torchvision_weights, textured_images
@@ -78,3 +79,27 @@ def test_a_graph_told_the_batch_fills_skips_the_masks_and_gives_the_same_maps(mo
     nodes = [len(g.graph.nodes) for g in graphs]
     assert nodes[1] < nodes[0], f"the told graph should drop the masks' ops: {nodes}"
     torch._dynamo.reset()
+
+
+def test_wrapped_stages_are_told_whether_the_batch_fills(model, tiny_cfg):
+    """A staged detector's wrapped (compiled) first stage is told the host's answer, with the
+    unwrapped call's outputs; eager stages are never told (eager finds it itself)."""
+    told = []
+
+    def recording(fn):
+        def call(*args):
+            told.append(args[1] if isinstance(args[0], ImageBatch) else None)
+            return fn(*args)
+
+        return call
+
+    wrapped, plain = StagedDetector(model, wrap=recording), StagedDetector(model)
+    with torch.no_grad():
+        for sizes in ([FILLS], [SHORT]):
+            batch = _batch(tiny_cfg, sizes)
+            out, ref = wrapped(batch), plain(batch)
+            for name, a, b in zip(out._fields, out, ref):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+    # Each call: the first stage, then the mask stage (never told).
+    assert told[0::2] == [True, False] and told[1::2] == [None, None]
+    assert not plain.tells_fills
