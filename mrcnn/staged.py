@@ -148,10 +148,10 @@ def compile_stages(cfg: Config, buckets: Sequence[int], **options: Any) -> Wrap:
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         compiled = torch.compile(fn, **options)
 
-        def call(*args: Any, **kwargs: Any) -> Any:
+        def call(*args: Any) -> Any:
             limit = max(graphs, torch._dynamo.config.recompile_limit)
             with torch._dynamo.config.patch(recompile_limit=limit):
-                return compiled(*args, **kwargs)
+                return compiled(*args)
 
         return call
 
