@@ -23,7 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import pytest
 import torch
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+def _test_threads() -> int:
+    """Torch's threads in the test process: up to two, or MRCNN_TEST_THREADS (``make unit UNIT_THREADS=1``,
+    for a machine shared with other work; results/ci_time/ times one thread against two beside the gate)."""
+    raw = os.environ.get("MRCNN_TEST_THREADS", "")
+    if not raw:
+        return max(1, min(2, os.cpu_count() or 1))
+    if not raw.isdigit() or int(raw) < 1:
+        raise pytest.UsageError(f"MRCNN_TEST_THREADS must be a whole number >= 1, not {raw!r}")
+    return int(raw)
+
+
+def pytest_configure(config):
+    torch.set_num_threads(_test_threads())
+
 
 # Start the XLA runtime before any test runs a CPU backward: torch_xla 2.9 otherwise fails a later
 # XLA backward with an internal assert (device_ready_queues_ in autograd's engine).
