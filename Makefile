@@ -19,10 +19,11 @@ export PJRT_DEVICE ?= CPU
 .PHONY: venv otava-env bench test test-all unit bench-quick gate latency-check lint asv-fixture asv-scratch asv-scratch-run asv-steps-run asv-same asv-commits asv-history asv-table \
 	asv-spread asv-publish asv-serve gpu-check clean
 
-# $(call install,PYTHON,ARGS): uv installs the same pinned set in about a quarter of pip's time on a
+# $(call install,PYTHON,ARGS): uv installs the same pinned set in about a third of pip's time on a
 # fresh machine (results/ci_time/); where uv cannot be had or fails (say, an index that only pip's own
-# configuration names), pip installs it.
-install = ( $(1) -m pip install -q uv && $(1) -m uv pip install --python $(1) $(2) ) || \
+# configuration names), pip installs it. --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE
+# is set, a process would otherwise compile torch's modules from source at every start.
+install = ( $(1) -m pip install -q uv && $(1) -m uv pip install --compile-bytecode --python $(1) $(2) ) || \
 	{ echo "uv could not install $(2): pip installs it"; $(1) -m pip install --upgrade pip && $(1) -m pip install $(2); }
 
 $(STAMP): pyproject.toml
