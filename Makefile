@@ -67,9 +67,9 @@ test: $(STAMP) $(OTAVA_STAMP)
 
 # CI's unit tests leave out the longer forms of a few checks (`extended`: each names the CI test that
 # catches the same fault more cheaply; docs/testing.md lists them); test-all runs them after make test.
-# UNIT_THREADS: torch's threads in the test process (unset: up to two; one thread beside the gate saved
-# nothing in one pair of runs: results/ci_time/). pytest prints its 30 slowest tests and writes $(CI_OUT)/junit.xml, so
-# that CI's log shows where the time went.
+# UNIT_THREADS: torch's threads in the test process (unset: up to two; one thread beside the gate
+# saved nothing in one pair of runs: results/ci_time/). pytest prints its 30 slowest tests and writes
+# $(CI_OUT)/junit.xml, so that CI's log shows where the time went.
 unit: $(STAMP) $(OTAVA_STAMP)
 	mkdir -p $(CI_OUT)
 	MRCNN_TEST_THREADS=$(UNIT_THREADS) $(PY) -m pytest -m "not extended" --durations=30 --junitxml=$(CI_OUT)/junit.xml

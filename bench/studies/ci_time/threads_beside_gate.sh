@@ -22,12 +22,15 @@ rm -f "$stop"
 load=$!
 trap 'touch "$stop"; pkill -P $load 2>/dev/null || true' EXIT
 sleep 60  # the load past its start-up, into its training steps
+i=0
 for arm in $arms; do
+  i=$((i + 1))
+  log="$out/arm${i}_threads$arm.log"  # one log per arm: a thread count that repeats keeps both
   rm -rf "$out/inductor"
   start=$(date +%s.%N)
   rc=0
   TORCHINDUCTOR_CACHE_DIR="$out/inductor" CI=true MRCNN_TEST_THREADS=$arm \
-    .venv/bin/python -m pytest -q -p no:cacheprovider "$@" > "$out/arm_$arm.log" 2>&1 || rc=$?
+    .venv/bin/python -m pytest -q -p no:cacheprovider "$@" > "$log" 2>&1 || rc=$?
   end=$(date +%s.%N)
-  echo "threads=$arm rc=$rc wall_s=$(echo "$end - $start" | bc) $(tail -1 "$out/arm_$arm.log")" >> "$out/threads_beside_gate.txt"
+  echo "threads=$arm rc=$rc wall_s=$(echo "$end - $start" | bc) $(tail -1 "$log")" >> "$out/threads_beside_gate.txt"
 done
