@@ -7,6 +7,7 @@ renames keys by hand.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 
@@ -111,28 +112,73 @@ def synthetic_weights(
     torch.manual_seed(seed)
     model = torchvision_model(cfg).eval()
     images = calibration_images(cfg, seed) if images is None else images
-
-    hooks = [
-        m.register_forward_pre_hook(_standardise_once) for m in model.modules() if isinstance(m, FrozenBatchNorm2d)
-    ]
-    stages = [  # (layer, target std of its output), in the order the data reaches them
-        (model.rpn.head.cls_logits, 2.5),
-        (model.rpn.head.bbox_pred, 0.1),
-        (model.roi_heads.box_predictor.cls_score, 2.5),
-        (model.roi_heads.box_predictor.bbox_pred, 1.0),
-        (model.roi_heads.mask_predictor.mask_fcn_logits, 4.0),
-    ]
-    for layer, target in stages:  # one pass per stage: each rescale changes what later stages see
-        seen: list[Tensor] = []
-        handle = layer.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out.detach()))
-        model(images)
-        handle.remove()
-        for h in hooks:
-            h.remove()
-        hooks = []
-        if seen:
-            _standardise_outputs(layer, torch.cat([o.transpose(0, 1).flatten(1) for o in seen], 1), target)
+    calibrate(model, images)
     return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+@torch.no_grad()
+def calibrate(model: nn.Module, images: list[Tensor], shortcut: bool | None = None) -> None:
+    """Calibrate a torchvision Mask R-CNN in place on ``images`` ([3, h, w] in [0, 1]), as
+    :func:`synthetic_weights` describes: one pass for the frozen norms and the first head layer, then
+    one per head layer.
+
+    ``shortcut`` (None: wherever it is exact) replays the backbone's features after the first pass and
+    ends each pass at its layer's module; False runs every pass whole (the tests compare the two).
+    """
+    frozen = [m for m in model.modules() if isinstance(m, FrozenBatchNorm2d)]
+    hooks = [m.register_forward_pre_hook(_standardise_once) for m in frozen]
+    # Every pass but the first sees the backbone as the first pass left it (its frozen norms are all
+    # it calibrates), so its features are replayed, and a pass stops once its layer's module has run:
+    # what follows cannot change what the pass measures. Where a frozen norm lies outside the
+    # backbone, every pass runs whole, as it must for that norm's statistics.
+    if shortcut is None:
+        shortcut = {id(m) for m in frozen} <= {id(m) for m in model.backbone.modules()}
+    stages = [  # (layer, target std of its output, the module whose end closes its pass), in data order
+        (model.rpn.head.cls_logits, 2.5, model.rpn.head),
+        (model.rpn.head.bbox_pred, 0.1, model.rpn.head),
+        (model.roi_heads.box_predictor.cls_score, 2.5, model.roi_heads.box_predictor),
+        (model.roi_heads.box_predictor.bbox_pred, 1.0, model.roi_heads.box_predictor),
+        (model.roi_heads.mask_predictor.mask_fcn_logits, 4.0, model.roi_heads.mask_predictor),
+    ]
+    backbone, features = model.backbone, []
+    try:
+        for layer, target, last in stages:  # one pass per stage: each rescale changes what later stages see
+            seen: list[Tensor] = []
+            handles = [layer.register_forward_hook(lambda _m, _i, out, seen=seen: seen.append(out.detach()))]
+            if shortcut:
+                handles.append(last.register_forward_hook(_end_pass))
+                if not features:
+                    handles.append(backbone.register_forward_hook(lambda _m, _i, out: features.append(out)))
+            with contextlib.suppress(_PassDone):
+                model(images)
+            for h in handles + hooks:
+                h.remove()
+            hooks = []
+            if shortcut and features:
+                model.backbone = _Replay(features[0])
+            if seen:
+                _standardise_outputs(layer, torch.cat([o.transpose(0, 1).flatten(1) for o in seen], 1), target)
+    finally:
+        model.backbone = backbone
+
+
+class _PassDone(Exception):
+    """Raised by :func:`_end_pass`: a calibration pass has what it measures."""
+
+
+def _end_pass(*_: object) -> None:
+    raise _PassDone
+
+
+class _Replay(nn.Module):
+    """Stands in for the calibrated backbone: its features ({level: [N, C, h, w]}) of the calibration batch."""
+
+    def __init__(self, features: Mapping[str, Tensor]) -> None:
+        super().__init__()
+        self.features = features
+
+    def forward(self, _tensors: Tensor) -> Mapping[str, Tensor]:
+        return self.features
 
 
 def _standardise_once(module: FrozenBatchNorm2d, inputs: tuple[Tensor, ...]) -> None:

@@ -1,4 +1,4 @@
-"""torchvision checkpoints load strictly; mismatches give a clear error."""
+"""torchvision checkpoints load strictly; mismatches give a clear error; the calibration shortcut is exact."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from torchvision.models.detection import maskrcnn_resnet50_fpn
 from mrcnn.config import get_config
 from mrcnn.model import MaskRCNN
 from mrcnn.reference import torchvision_model
-from mrcnn.weights import load_torchvision_weights
+from mrcnn.weights import calibrate, load_torchvision_weights, textured_images
 
 
 def test_torchvision_maskrcnn_resnet50_fpn_loads_strictly(tmp_path):
@@ -50,3 +50,23 @@ def test_mismatched_checkpoint_names_the_keys(tmp_path):
         load_torchvision_weights(tiny, maskrcnn_resnet50_fpn(weights=None, weights_backbone=None).state_dict())
     with pytest.raises(ValueError, match="weights file not found"):
         load_torchvision_weights(tiny, tmp_path / "nope.pth")
+
+
+def test_calibration_shortcut_gives_the_weights_of_whole_passes(tiny_cfg):
+    """Replaying the backbone and ending each pass at its layer's module changes no weight, bit for bit."""
+    images = textured_images(((240, 320), (300, 250)), seed=4)
+    states = []
+    for shortcut in (True, False):
+        torch.manual_seed(1)
+        model = torchvision_model(tiny_cfg).eval()
+        calibrate(model, images, shortcut=shortcut)
+        states.append(model.state_dict())
+    fast, whole = states
+    assert fast.keys() == whole.keys()
+    assert [k for k in fast if not torch.equal(fast[k], whole[k])] == []
+    # and the calibration did something: the heads' last layers differ from a fresh model's
+    torch.manual_seed(1)
+    fresh = torchvision_model(tiny_cfg).state_dict()
+    assert not torch.equal(fresh["rpn.head.cls_logits.weight"], fast["rpn.head.cls_logits.weight"])
+    assert not torch.equal(fresh["roi_heads.mask_predictor.mask_fcn_logits.weight"],
+                           fast["roi_heads.mask_predictor.mask_fcn_logits.weight"])
