@@ -10,13 +10,13 @@ tensor is equal, and each method's seconds (one timing each, the whole-pass one 
 from __future__ import annotations
 
 import sys
-import time
 
 import torch
 
 from mrcnn.config import PRESETS, get_config
 from mrcnn.reference import torchvision_model
 from mrcnn.weights import calibrate, calibration_images
+from mrcnn_bench.base.timing import timed
 
 
 def calibrated(preset: str, seed: int, shortcut: bool) -> tuple[dict[str, torch.Tensor], float]:
@@ -24,9 +24,8 @@ def calibrated(preset: str, seed: int, shortcut: bool) -> tuple[dict[str, torch.
     torch.manual_seed(seed)
     model = torchvision_model(cfg).eval()
     images = calibration_images(cfg, seed)
-    start = time.perf_counter()
-    calibrate(model, images, shortcut=shortcut)
-    return model.state_dict(), time.perf_counter() - start
+    seconds, _ = timed(calibrate, model, images, shortcut)
+    return model.state_dict(), seconds
 
 
 def main(argv: list[str]) -> int:
