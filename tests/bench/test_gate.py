@@ -1,11 +1,13 @@
 """The merge gate and the command line's exit codes: never pass on nothing, never cry wolf.
 
 Fakes stand in for the measurements (``gate.measure``), so these tests take no timings and compile
-nothing, except the one marked slow, which runs the real probe of static/inductor once.
+nothing, except the two marked slow, which run the real probe of static/inductor: on dynamo's eager
+backend in CI, under inductor in ``make test-all``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import tempfile
@@ -15,8 +17,9 @@ from typing import Any
 import pytest
 import torch
 
+import mrcnn.transform
 from mrcnn_bench.cli import commands as cli
-from mrcnn_bench.gates import gate
+from mrcnn_bench.gates import compile_probe, gate
 from mrcnn_bench.running.cases import QUICK, parse_cases
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,12 +151,43 @@ def test_dirty_files_ignore_baselines(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.extended(ci="tests/bench/test_gate.py::test_tight_padding_raises_the_dynamo_counts_that_the_gate_compares")
 def test_gate_fails_on_an_injected_recompile_under_inductor(capsys):
     """The real probe of static/inductor with images padded tightly, against the committed baseline."""
     opts = gate.GateOptions(cases=parse_cases("static/inductor"), accuracy="none", inject="recompile")
     assert gate.run_gate(opts) == 1
     out = capsys.readouterr().out
     assert "GATE FAILED" in out and "static/inductor: " in out and " rose from " in out
+
+
+@pytest.fixture
+def probe_in_process_without_inductor(monkeypatch):
+    """``gate.measure`` as the real probe (:func:`compile_probe.measure_case`) in this process, with
+    dynamo's ``eager`` backend under ``torch.compile``. The counts the gate compares (unique graphs,
+    graph breaks, recompiles) are dynamo's, settled before a backend sees a graph, so they are
+    inductor's without its minutes of code generation."""
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(mrcnn.transform, "select_canvas", mrcnn.transform.select_canvas)  # the fault replaces it
+    monkeypatch.setattr(gate, "measure",
+                        lambda case, preset, inject, workdir: compile_probe.measure_case(case, preset, inject))
+    torch._dynamo.reset()  # counters and caches of earlier tests' compilations
+    yield
+    torch._dynamo.reset()  # this test's graphs must not count against the frames of later tests
+
+
+@pytest.mark.slow
+def test_tight_padding_raises_the_dynamo_counts_that_the_gate_compares(probe_in_process_without_inductor, capsys):
+    """static/inductor's probe as the gate runs it (seven sizes, two canvases), but on dynamo's eager
+    backend: it counts what the committed inductor baseline holds, and with images padded tightly
+    (a new shape per aspect ratio) the gate fails on the counts that rose."""
+    opts = gate.GateOptions(cases=parse_cases("static/inductor"), accuracy="none")
+    assert gate.run_gate(opts) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    torch._dynamo.reset()
+    assert gate.run_gate(dataclasses.replace(opts, inject="recompile")) == 1
+    out = capsys.readouterr().out
+    assert "GATE FAILED" in out and "static/inductor: unique_graphs rose from " in out, out
 
 
 # ------------------------------------------------------------------------------------------------
