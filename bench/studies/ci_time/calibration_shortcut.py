@@ -33,16 +33,15 @@ def main(argv: list[str]) -> int:
         print("usage: calibration_shortcut.py OUT.txt [PRESET[:SEED] ...]", file=sys.stderr)
         return 2
     out, specs = argv[0], argv[1:] or ["tiny:0", "tiny:1", "tiny:7", "coco_r50_fpn:0"]
-    for spec in specs:  # every argument checked before the first minute-long calibration
-        preset, _, seed = spec.partition(":")
+    cases = [(spec, *spec.partition(":")[::2]) for spec in specs]  # (spec, preset, seed)
+    for spec, preset, seed in cases:  # every argument checked before the first minute-long calibration
         if preset not in PRESETS or not (seed or "0").isdigit():
             print(f"calibration_shortcut.py: {spec!r} is not PRESET[:SEED] with PRESET one of {sorted(PRESETS)}",
                   file=sys.stderr)
             return 2
     torch.set_num_threads(2)
     lines = []
-    for spec in specs:
-        preset, _, seed = spec.partition(":")
+    for spec, preset, seed in cases:
         whole, whole_s = calibrated(preset, int(seed or 0), shortcut=False)
         fast, fast_s = calibrated(preset, int(seed or 0), shortcut=True)
         same = whole.keys() == fast.keys() and all(torch.equal(whole[k], fast[k]) for k in whole)
