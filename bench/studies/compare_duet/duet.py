@@ -46,6 +46,7 @@ from studies.compare_pairs.teeth import read_trials, trials_file  # OUT/<host>/t
 
 from mrcnn_bench.base.files import atomic_write
 from mrcnn_bench.base.timing import Stopwatch
+from mrcnn_bench.cli.args import bounded, parse_cpus
 from mrcnn_bench.gates import stats
 
 REPO = Path(__file__).resolve().parents[3]
@@ -162,33 +163,23 @@ def summary(out: Path) -> int:
     return 0
 
 
-def parse_cpus(text: str) -> tuple[int, int]:
-    try:
-        cpus = tuple(int(c) for c in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--cpus wants two CPU numbers like 0,1, got {text!r}") from None
-    if len(cpus) != 2 or cpus[0] == cpus[1] or not set(cpus) <= os.sched_getaffinity(0):
-        raise argparse.ArgumentTypeError(f"--cpus wants two distinct CPUs this process may use "
-                                         f"({sorted(os.sched_getaffinity(0))}), got {text!r}")
+def two_cpus(text: str) -> tuple[int, int]:
+    """The harness's CPU list (:func:`mrcnn_bench.cli.args.parse_cpus`), of exactly two CPUs."""
+    cpus = parse_cpus(text)
+    if len(cpus) != 2:
+        raise argparse.ArgumentTypeError(f"--cpus wants two distinct CPUs like 0,1, got {text!r}")
     return cpus  # type: ignore[return-value]
-
-
-def positive(text: str) -> int:
-    value = int(text) if text.isdigit() else 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"a positive whole number, got {text!r}")
-    return value
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=("run", "summary"))
-    parser.add_argument("--trials", type=positive, default=12,
+    parser.add_argument("--trials", type=bounded(int, 1), default=12,
                         help="trials in all, each both modes (default: %(default)s)")
-    parser.add_argument("--pairs", type=positive, default=8,
+    parser.add_argument("--pairs", type=bounded(int, 1), default=8,
                         help="process pairs or duets a compare (default: %(default)s)")
-    parser.add_argument("--rounds", type=positive, default=16, help="rounds a process (default: %(default)s)")
-    parser.add_argument("--cpus", type=parse_cpus, default="0,1", help="the two cores (default: %(default)s)")
+    parser.add_argument("--rounds", type=bounded(int, 1), default=16, help="rounds a process (default: %(default)s)")
+    parser.add_argument("--cpus", type=two_cpus, default="0,1", help="the two cores (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=REPO / "results/compare_duet")
     args = parser.parse_args()
     if args.what == "run":
